@@ -1,0 +1,167 @@
+"""The ``asyncsim`` command line: a thin layer over the Python API.
+
+Verbs: ``trace`` (timing only), ``run`` (online numerics), ``replay`` (re-execute a trace),
+``stability`` (edge tables), ``figures`` (draw from run folders). A bad scenario exits with
+status 2 and one line on stderr naming the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from asyncsim.errors import ScenarioError
+from asyncsim.runs import RunFolderError
+
+EXIT_USAGE = 2
+
+
+def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True) -> None:
+    p.add_argument("scenario", help="a scenario TOML file")
+    p.add_argument("--out", help="run folder (default: runs/NAME[-PROFILE]/seedN)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set protocol.n=4 (repeatable)")
+    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--force", action="store_true", help="overwrite an existing run folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    if profile:
+        p.add_argument("--profile", choices=("smoke", "default", "paper"), default=None,
+                       help="scale the scenario (smoke: seconds; paper: the papers' setup)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="asyncsim", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser("trace", help="simulate timing only and write the run folder")
+    _add_scenario_args(p)
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("run", help="simulate with real gradients (online driver)")
+    _add_scenario_args(p)
+    p.add_argument("--resume", metavar="DIR", help="continue an unfinished run folder")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("replay", help="re-execute a recorded trace with the update core")
+    p.add_argument("run_dir")
+    p.add_argument("--out")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")
+    p.add_argument("--tau", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32])
+    p.add_argument("--momentum", nargs="+", default=["none", "heavy-ball", "dampened", "shifted"])
+    p.add_argument("--beta", type=float, nargs="+", default=[0.9])
+    p.add_argument("--measure", action="store_true",
+                   help="also measure the edge by simulation on a quadratic")
+    p.add_argument("--figure", metavar="PNG", help="write a figure of the edges")
+    p.set_defaults(func=cmd_stability)
+
+    p = sub.add_parser("figures", help="draw figures from existing run folders only")
+    p.add_argument("names", nargs="*", help="figure names (default: all)")
+    p.add_argument("--runs", default="runs", help="folder holding the run folders")
+    p.add_argument("--out", default="figures")
+    p.set_defaults(func=cmd_figures)
+    return ap
+
+
+def _load(args):
+    from asyncsim.scenario import load_scenario
+
+    return load_scenario(args.scenario, profile=getattr(args, "profile", None),
+                         overrides=args.overrides, seed=args.seed)
+
+
+def _print_summary(summary: dict, keys=None) -> None:
+    keys = keys or list(summary)
+    width = max(len(k) for k in keys)
+    for k in keys:
+        if k in summary:
+            v = summary[k]
+            if isinstance(v, float):
+                v = f"{v:.6g}"
+            print(f"  {k:<{width}}  {v}")
+
+
+def cmd_trace(args) -> int:
+    from asyncsim import runs
+    from asyncsim.api import trace_run
+
+    scn = _load(args)
+    out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
+    t0 = time.perf_counter()
+    result = trace_run(scn, out, force=args.force, progress=not args.quiet)
+    if not args.quiet:
+        print(f"trace written to {out} in {time.perf_counter() - t0:.2f} s")
+        _print_summary(result.summary, ["gradients", "updates", "sim_time", "staleness_mean",
+                                        "staleness_max", "staleness_p99", "trace_hash"])
+    return 0
+
+
+def cmd_run(args) -> int:
+    from asyncsim import runs
+    from asyncsim.online import run
+
+    if args.resume:
+        from asyncsim.scenario import load_scenario
+
+        scn = load_scenario(Path(args.resume) / "scenario.toml")
+        out = Path(args.resume)
+    else:
+        scn = _load(args)
+        out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
+    result = run(scn, out=out, resume=bool(args.resume), force=args.force,
+                 progress=not args.quiet, profile=args.profile)
+    if not args.quiet:
+        print(f"run folder: {out}")
+        _print_summary(result.summary, ["updates", "gradients", "sim_time", "staleness_mean",
+                                        "staleness_max", "final_test_error", "diverged",
+                                        "wall_time", "param_hash"])
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from asyncsim.replay import replay_folder
+
+    result = replay_folder(args.run_dir, out=args.out, overrides=args.overrides,
+                           force=args.force, progress=not args.quiet)
+    if not args.quiet:
+        _print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
+                                        "wall_time", "param_hash"])
+    return 0
+
+
+def cmd_stability(args) -> int:
+    from asyncsim.stability_cli import stability_command
+
+    return stability_command(args)
+
+
+def cmd_figures(args) -> int:
+    from asyncsim.figures import draw_figures
+
+    draw_figures(args.names, runs_dir=args.runs, out=args.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ScenarioError as e:
+        print(f"asyncsim: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunFolderError as e:
+        print(f"asyncsim: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("asyncsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Typed, frozen scenario configuration with strict validation.
+
+Defaults live here, in code; a scenario file holds overrides only (DESIGN.md, "Scenario
+files"). :func:`from_dict` turns a nested mapping (parsed TOML) into a :class:`Scenario` and
+rejects unknown keys, wrong types and impossible values with a :class:`ScenarioError` that
+names the key and what is allowed. Cross-field rules (``n <= learners``, known delay models,
+protocol parameters) are checked in :func:`validate`.
+
+Distributions (``cluster.compute``, link latencies, PS service time) are kept as plain
+mappings ``{"dist": name, **params}``; :mod:`asyncsim.delays` validates them against the
+delay-model registry, so a user's plug-in needs no change here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from asyncsim.errors import ScenarioError
+
+Dist = Mapping[str, Any]
+"""A delay-model spec: ``{"dist": "lognormal", "mean": 1.0, "cv": 0.1}``."""
+
+
+def _const(value: float) -> dict[str, Any]:
+    return {"dist": "constant", "value": value}
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """One direction of the PS link. Message time = latency sample + bytes / bandwidth."""
+
+    latency: Dist = field(default_factory=lambda: _const(0.0))
+    bandwidth: float = math.inf  # bytes per simulated second; inf = size costs nothing
+    bytes: int | None = None  # message size; None = 4 bytes x the model's parameter count
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    pull: LinkConfig = field(default_factory=LinkConfig)  # PS -> learner (weights)
+    push: LinkConfig = field(default_factory=LinkConfig)  # learner -> PS (gradient)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    learners: int = 4
+    # One spec for all learners, or a list with one spec per learner.
+    compute: Dist | tuple[Dist, ...] = field(default_factory=lambda: _const(1.0))
+    # Per-learner speed factors: a learner with speed 2 computes twice as fast.
+    speed: tuple[float, ...] | None = None
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    # PS service time per message (serialised pushes and pulls, like P1's blocking MPI calls).
+    ps_service: Dist | None = None
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    kind: str = "async"  # hardsync | softsync | async | fixed-delay | ssp | a plug-in
+    n: int | None = None  # softsync: the PS updates after c = floor(learners / n) gradients
+    tau: int | None = None  # fixed-delay: the delay; uses tau + 1 workers
+    s: int | None = None  # ssp: a learner may lead the slowest by at most s clocks
+    schedule: str = "round-robin"  # fixed-delay worker schedule: round-robin | random | normal
+    cv: float = 0.1  # fixed-delay "normal" schedule: spread of the workers' step times
+
+
+@dataclass(frozen=True)
+class MomentumConfig:
+    kind: str = "none"  # none | heavy-ball | dampened | nesterov | shifted
+    beta: float = 0.9
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    decay_epochs: tuple[float, ...] = ()  # multiply the rate by decay_factor at these epochs
+    decay_factor: float = 0.1
+    warmup_epochs: float = 0.0  # linear warm-up from 0 over this many epochs
+    warmup_updates: int = 0  # or over this many updates (whichever is given)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 0.01  # alpha_0 (P1) / eta_0 (P2)
+    lr_rule: str = "constant"  # constant | inverse-staleness | inverse-mean-staleness | ...
+    momentum: MomentumConfig = field(default_factory=MomentumConfig)
+    weight_decay: float = 0.0
+    # Per-layer multipliers of weight_decay, by parameter-path prefix (P1: {"fc" = 250.0}).
+    weight_decay_mult: Mapping[str, float] = field(default_factory=dict)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "mlp"
+    # Every other key of [model] is passed to the model's constructor, which validates it.
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "synthetic-cifar"
+    batch_size: int = 32  # mu, per learner and gradient
+    # Every other key of [data] is passed to the dataset's constructor, which validates it.
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # Run length: exactly one of these may be set; none = 100 updates.
+    updates: int | None = None
+    gradients: int | None = None
+    epochs: float | None = None
+    sim_time: float | None = None
+    eval_every: int = 0  # evaluate every K updates (0 = only at the end)
+    eval_samples: int | None = None  # test samples per evaluation (None = the whole test set)
+    checkpoint_every: int = 0  # updates between checkpoints (0 = only at the end)
+    trace_only: bool = False
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = "scenario"
+    description: str = ""
+    seed: int = 0
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    # Sweep grids: {"optimizer.lr" = [0.1, 0.01], ...}; the cartesian product is run.
+    sweep: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    # Free-form settings for analysis/ (figure name, panels, labels).
+    figure: Mapping[str, Any] = field(default_factory=dict)
+    # Set by the loader, never by a file: the scenario file this came from (relative paths in
+    # it, e.g. an empirical delay CSV, resolve against its folder).
+    source: str | None = None
+
+
+# Tables whose unknown keys go into `options` instead of being rejected.
+_OPEN_TABLES = {ModelConfig: "options", DataConfig: "options"}
+
+
+# ----------------------------------------------------------------------------- conversion
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "nothing"
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin in (Mapping, dict) or tp is Mapping:
+        return "a table"
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, str(tp)
+    )
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(a, value, key)
+            except ScenarioError as e:
+                errors.append(e)
+        # Report the most specific failure when only one alternative could apply.
+        if len(errors) == 1:
+            raise errors[0]
+        raise ScenarioError(key, f"must be {_describe(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ScenarioError(key, f"must be a table, got {value!r}")
+        return from_dict(tp, value, prefix=key)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ScenarioError(key, f"must be {_describe(tp)}, got {value!r}")
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin in (Mapping, dict) or tp is Mapping:
+        if not isinstance(value, Mapping):
+            raise ScenarioError(key, f"must be a table, got {value!r}")
+        args = typing.get_args(tp)
+        vt = args[1] if len(args) == 2 else Any
+        if vt is Any:
+            return dict(value)
+        if typing.get_origin(vt) is tuple:
+            # sweep grids: each value a list
+            return {k: _convert(vt, v, f"{key}.{k}") for k, v in value.items()}
+        return {k: _convert(vt, v, f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ScenarioError(key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ScenarioError(key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ScenarioError(key, f"must be a number, got {value!r}")
+        value = float(value)
+        if math.isnan(value):
+            raise ScenarioError(key, "must be a number, got NaN")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ScenarioError(key, f"must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: Mapping[str, Any], *, prefix: str = "") -> Any:
+    """Build the frozen dataclass ``cls`` from ``data``, rejecting unknown keys.
+
+    Raises:
+        ScenarioError: naming the dotted key and the allowed keys or type.
+    """
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    open_field = _OPEN_TABLES.get(cls)
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in names or k == open_field:
+            if open_field is not None:
+                extra[k] = v
+                continue
+            allowed = ", ".join(n for n in names)
+            raise ScenarioError(key, f"unknown key; allowed here: {allowed}")
+        kwargs[k] = _convert(hints[k], v, key)
+    if open_field is not None:
+        kwargs[open_field] = extra
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """The plain nested-dict form of a config (inverse of :func:`from_dict`), TOML-ready."""
+    if dataclasses.is_dataclass(obj):
+        out: dict[str, Any] = {}
+        open_field = _OPEN_TABLES.get(type(obj))
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if f.name == open_field:
+                out.update({k: to_dict(x) for k, x in v.items()})
+            elif v is not None:
+                out[f.name] = to_dict(v)
+        return out
+    if isinstance(obj, Mapping):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, tuple | list):
+        return [to_dict(v) for v in obj]
+    return obj

@@ -1,0 +1,36 @@
+"""Errors that users see.
+
+A :class:`ScenarioError` always names the file, the key and what is allowed, so the CLI can
+print it as one line and exit with status 2 (see ``asyncsim.cli``).
+"""
+
+from __future__ import annotations
+
+
+class ScenarioError(ValueError):
+    """An invalid scenario: which file, which key, what is allowed.
+
+    ``str(err)`` is the one-line message the CLI prints, e.g.
+    ``scenarios/x.toml: protocol.n: must be an integer in 1..8 (cluster.learners), got 12``.
+    """
+
+    def __init__(self, key: str, message: str, *, file: str | None = None):
+        self.key = key
+        self.message = message
+        self.file = file
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = self.file or "<scenario>"
+        return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
+
+    def with_file(self, file: str | None) -> ScenarioError:
+        """The same error, attributed to ``file`` (keeps an existing attribution)."""
+        if self.file is not None or file is None:
+            return self
+        return ScenarioError(self.key, self.message, file=file)
+
+    def under(self, prefix: str) -> ScenarioError:
+        """The same error with its key nested under ``prefix`` (``cluster`` + ``compute``)."""
+        key = f"{prefix}.{self.key}" if self.key else prefix
+        return ScenarioError(key, self.message, file=self.file)

@@ -1,0 +1,192 @@
+"""Run folders: one folder per run, written so that a killed run never leaves a corrupt one.
+
+Layout (DESIGN.md, "Runs and outputs")::
+
+    RUN_DIR/
+      scenario.toml          the resolved scenario (profile and --set applied); rerunnable
+      trace_grads.parquet    one row per applied gradient   } asyncsim.trace.Trace
+      trace_updates.parquet  one row per update             }
+      trace_meta.json
+      updates.parquet        per-update numerics (train loss of the update's batches, lr)
+      eval.csv               evaluations: version, sim_time, epoch, train_loss, test_error...
+      summary.json           headline figures; written LAST: its presence marks completion
+      provenance.json        package versions, git revision, seed, command, platform
+      checkpoint/            numerics state every run.checkpoint_every updates (--resume)
+
+Every file is written to a temporary name and renamed into place (atomic on POSIX), so a
+reader sees either the old or the new file. A folder without ``summary.json`` is an
+unfinished run: ``asyncsim run --resume DIR`` continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncsim.config import Scenario, to_dict
+
+SUMMARY = "summary.json"
+
+
+class RunFolderError(RuntimeError):
+    """A run folder that cannot be used as asked (exists, incomplete, not a run)."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(jsonable(obj), indent=2, sort_keys=True) + "\n")
+
+
+def jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def is_complete(folder: str | os.PathLike) -> bool:
+    return (Path(folder) / SUMMARY).exists()
+
+
+def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
+    return json.loads((Path(folder) / SUMMARY).read_text())
+
+
+def default_out(scn: Scenario, profile: str | None) -> Path:
+    suffix = "" if profile in (None, "default") else f"-{profile}"
+    return Path("runs") / f"{scn.name}{suffix}" / f"seed{scn.seed}"
+
+
+def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = False) -> Path:
+    """Create (or reopen, with ``resume``) a run folder; refuse to clobber a finished run."""
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()):
+        if is_complete(folder) and not force:
+            raise RunFolderError(f"{folder}: already holds a complete run; "
+                                 "choose another --out or pass --force")
+        if not resume and not force and not is_complete(folder):
+            raise RunFolderError(f"{folder}: holds an unfinished run; continue it with "
+                                 f"--resume {folder}, or pass --force to start over")
+        if force:
+            for p in folder.iterdir():
+                _remove(p)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir():
+        for q in p.iterdir():
+            _remove(q)
+        p.rmdir()
+    else:
+        p.unlink()
+
+
+# ----------------------------------------------------------------------------- TOML out
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if math.isnan(v):
+            return "nan"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        if not v:
+            return "{}"
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def _key(k: str) -> str:
+    return k if k.replace("-", "").replace("_", "").isalnum() else json.dumps(k)
+
+
+def dump_toml(d: Mapping[str, Any], _prefix: str = "") -> str:
+    """A small TOML writer (tomllib only reads): a table's scalars, then its sub-tables."""
+    scalars = [(k, v) for k, v in d.items() if not (isinstance(v, Mapping) and v)]
+    tables = [(k, v) for k, v in d.items() if isinstance(v, Mapping) and v]
+    out = [f"[{_prefix}]"] if _prefix and scalars else []
+    out += [f"{_key(k)} = {_toml_value(v)}" for k, v in scalars]
+    for k, v in tables:
+        out += ["", dump_toml(v, f"{_prefix}.{_key(k)}" if _prefix else _key(k)).rstrip("\n")]
+    return "\n".join(out).strip("\n") + "\n"
+
+
+def write_scenario(folder: Path, scn: Scenario) -> None:
+    d = to_dict(scn)
+    d.pop("source", None)
+    atomic_write_text(folder / "scenario.toml", dump_toml(d))
+
+
+# ----------------------------------------------------------------------------- provenance
+def git_revision() -> dict[str, Any]:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=5)
+        if rev.returncode != 0:
+            return {"git_revision": None}
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True, timeout=5)
+        return {"git_revision": rev.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_revision": None}
+
+
+def provenance(scn: Scenario, **extra: Any) -> dict[str, Any]:
+    versions = {}
+    for pkg in ("asyncsim", "jax", "jaxlib", "numpy", "simpy", "optax", "pandas", "ray"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "seed": scn.seed,
+        "scenario_file": scn.source,
+        "versions": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "command": sys.argv,
+        **git_revision(),
+        **extra,
+    }
+
+
+def write_provenance(folder: Path, scn: Scenario, **extra: Any) -> None:
+    atomic_write_json(folder / "provenance.json", provenance(scn, **extra))
+
+
+def write_summary(folder: Path, summary: Mapping[str, Any]) -> None:
+    atomic_write_json(folder / SUMMARY, summary)

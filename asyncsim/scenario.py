@@ -1,0 +1,332 @@
+"""Loading scenario files: TOML -> profile -> ``--set`` overrides -> validated :class:`Scenario`.
+
+A scenario file holds overrides of the defaults in :mod:`asyncsim.config` only. Optional
+``[profiles.NAME]`` tables scale it (``smoke`` for CI in seconds, the default in minutes on a
+2-core CPU, ``paper`` for the papers' full setup)::
+
+    name = "quickstart"
+    [cluster]
+    learners = 8
+    compute = { dist = "lognormal", mean = 1.0, cv = 0.2 }
+    [protocol]
+    kind = "softsync"
+    n = 4
+    [profiles.smoke.run]
+    updates = 20
+
+Every problem raises :class:`ScenarioError` naming the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import itertools
+import math
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from asyncsim.config import Scenario, from_dict, to_dict
+from asyncsim.errors import ScenarioError
+
+PROFILES = ("smoke", "default", "paper")
+MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "nesterov", "shifted")
+FIXED_DELAY_SCHEDULES = ("round-robin", "random", "normal")
+# Sweeps over these keys change numerics only: one trace can serve every point (replay).
+NUMERIC_KEYS = ("optimizer.", "seed_numerics")
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"protocol.n=4"`` -> ``("protocol.n", 4)``; the value is read as a TOML value, else text."""
+    if "=" not in item:
+        raise ScenarioError(item, "an override must look like KEY=VALUE, e.g. protocol.n=4")
+    key, raw = item.split("=", 1)
+    key, raw = key.strip(), raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``d["a"]["b"] = value`` for ``key = "a.b"``, creating tables on the way."""
+    parts = key.split(".")
+    cur = d
+    for i, p in enumerate(parts[:-1]):
+        nxt = cur.get(p)
+        if nxt is None:
+            nxt = cur[p] = {}
+        if not isinstance(nxt, dict):
+            raise ScenarioError(".".join(parts[: i + 1]), "is not a table, cannot set a key in it")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def get_dotted(d: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    cur: Any = d
+    for p in key.split("."):
+        if not isinstance(cur, Mapping) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge tables; any non-table value (lists included) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(dict(out[k]), v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def read_raw(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The raw mapping of a scenario and the file it came from (None for a dict)."""
+    if isinstance(source, Mapping):
+        return copy.deepcopy(dict(source)), None
+    path = Path(source)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ScenarioError("", "no such file", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError("", f"cannot read the file ({e.__class__.__name__}: {e})",
+                            file=str(path)) from None
+    try:
+        return tomllib.loads(text), str(path)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError("", f"not valid TOML: {e}", file=str(path)) from None
+
+
+def resolve_raw(
+    raw: Mapping[str, Any],
+    *,
+    profile: str | None = None,
+    overrides: Iterable[str | tuple[str, Any]] = (),
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Apply a profile, ``--set`` overrides and ``--seed`` to a raw scenario mapping."""
+    raw = dict(raw)
+    profiles = raw.pop("profiles", {})
+    if not isinstance(profiles, Mapping):
+        raise ScenarioError("profiles", "must be a table of profile tables (smoke, paper)")
+    for name in profiles:
+        if name not in PROFILES:
+            raise ScenarioError(f"profiles.{name}", f"unknown profile; allowed: {', '.join(PROFILES)}")
+    if profile is not None:
+        if profile not in PROFILES:
+            raise ScenarioError("--profile", f"unknown profile {profile!r}; allowed: {', '.join(PROFILES)}")
+        if profile != "default":
+            raw = _merge(raw, profiles.get(profile, {}))
+    for item in overrides:
+        key, value = parse_override(item) if isinstance(item, str) else item
+        set_dotted(raw, key, value)
+    if seed is not None:
+        raw["seed"] = seed
+    return raw
+
+
+def load_scenario(
+    source: str | os.PathLike | Mapping[str, Any] | Scenario,
+    *,
+    profile: str | None = None,
+    overrides: Iterable[str | tuple[str, Any]] = (),
+    seed: int | None = None,
+) -> Scenario:
+    """Read, resolve and validate a scenario from a TOML path, a dict or a Scenario.
+
+    Raises:
+        ScenarioError: naming the file, the key and what is allowed.
+    """
+    if isinstance(source, Scenario):
+        if profile in (None, "default") and not overrides and seed is None:
+            return source
+        source = to_dict(source)
+    raw, file = read_raw(source)
+    if file is not None and "source" in raw:
+        raise ScenarioError("source", "is set by asyncsim to the file's path; remove it", file=file)
+    try:
+        raw = resolve_raw(raw, profile=profile, overrides=overrides, seed=seed)
+        _fill_protocol_defaults(raw)
+        scn = from_dict(Scenario, raw)
+        bdir = Path(file).parent if file else None
+        validate(scn, base_dir=bdir)
+        for point in sweep_points(scn):
+            validate(apply_point(scn, point), base_dir=bdir)
+    except ScenarioError as e:
+        raise e.with_file(file) from None
+    if file is not None:
+        scn = dataclasses.replace(scn, source=str(file))
+    return scn
+
+
+def base_dir(scn: Scenario) -> Path | None:
+    """The folder relative paths in ``scn`` resolve against (its file's folder)."""
+    return Path(scn.source).parent if scn.source else None
+
+
+def _fill_protocol_defaults(raw: dict[str, Any]) -> None:
+    """fixed-delay runs tau + 1 workers (P2's round robin); fill learners when not given."""
+    proto = raw.get("protocol")
+    if isinstance(proto, Mapping) and proto.get("kind") == "fixed-delay":
+        tau = proto.get("tau")
+        cluster = raw.setdefault("cluster", {})
+        if isinstance(tau, int) and isinstance(cluster, dict) and "learners" not in cluster:
+            cluster["learners"] = tau + 1
+
+
+# ----------------------------------------------------------------------------- checks
+def _positive(key: str, value: float | None, *, allow_zero: bool = False, allow_inf=False):
+    if value is None:
+        return
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or (math.isinf(value) and not allow_inf):
+        what = "a non-negative" if allow_zero else "a positive"
+        raise ScenarioError(key, f"must be {what} finite number, got {value!r}")
+
+
+def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
+    """Cross-field checks: registries, ranges, protocol parameters against the cluster."""
+    from asyncsim import delays, protocols
+
+    c = scn.cluster
+    lam = c.learners
+    if lam < 1 or lam > 100_000:
+        raise ScenarioError("cluster.learners", f"must be an integer in 1..100000, got {lam}")
+    if isinstance(c.compute, tuple):
+        if len(c.compute) != lam:
+            raise ScenarioError("cluster.compute", f"a per-learner list needs {lam} entries "
+                                f"(cluster.learners), got {len(c.compute)}")
+        for i, spec in enumerate(c.compute):
+            delays.make_delay(spec, key=f"cluster.compute[{i}]", base_dir=base_dir)
+    else:
+        delays.make_delay(c.compute, key="cluster.compute", base_dir=base_dir)
+    if c.speed is not None:
+        if len(c.speed) != lam:
+            raise ScenarioError("cluster.speed", f"needs {lam} entries (cluster.learners), "
+                                f"got {len(c.speed)}")
+        for i, s in enumerate(c.speed):
+            _positive(f"cluster.speed[{i}]", s)
+    for direction in ("pull", "push"):
+        link = getattr(c.network, direction)
+        key = f"cluster.network.{direction}"
+        delays.make_delay(link.latency, key=f"{key}.latency", base_dir=base_dir)
+        if not link.bandwidth > 0:
+            raise ScenarioError(f"{key}.bandwidth", f"must be a positive number of bytes per "
+                                f"second (inf = free), got {link.bandwidth!r}")
+        if link.bytes is not None and link.bytes < 0:
+            raise ScenarioError(f"{key}.bytes", f"must be >= 0, got {link.bytes}")
+    if c.ps_service is not None:
+        delays.make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
+
+    protocols.get_protocol_class(scn.protocol.kind).check(scn.protocol, lam)
+
+    o = scn.optimizer
+    _positive("optimizer.lr", o.lr)
+    from asyncsim import core
+
+    if o.lr_rule not in core.available_lr_rules():
+        raise ScenarioError("optimizer.lr_rule", f"unknown rule {o.lr_rule!r}; allowed: "
+                            f"{', '.join(core.available_lr_rules())}")
+    if o.momentum.kind not in MOMENTUM_KINDS:
+        raise ScenarioError("optimizer.momentum.kind", f"unknown momentum {o.momentum.kind!r}; "
+                            f"allowed: {', '.join(MOMENTUM_KINDS)}")
+    if not 0.0 <= o.momentum.beta < 1.0:
+        raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
+    _positive("optimizer.weight_decay", o.weight_decay, allow_zero=True)
+    for k, m in o.weight_decay_mult.items():
+        _positive(f"optimizer.weight_decay_mult.{k}", m, allow_zero=True)
+    s = o.schedule
+    for i, e in enumerate(s.decay_epochs):
+        _positive(f"optimizer.schedule.decay_epochs[{i}]", e)
+    _positive("optimizer.schedule.decay_factor", s.decay_factor)
+    _positive("optimizer.schedule.warmup_epochs", s.warmup_epochs, allow_zero=True)
+    if s.warmup_updates < 0:
+        raise ScenarioError("optimizer.schedule.warmup_updates", "must be >= 0")
+
+    _check_factory("model", scn.model.name, scn.model.options)
+    _check_factory("data", scn.data.name, scn.data.options)
+    if scn.data.batch_size < 1:
+        raise ScenarioError("data.batch_size", f"must be a positive integer, got {scn.data.batch_size}")
+
+    r = scn.run
+    given = [k for k in ("updates", "gradients", "epochs", "sim_time") if getattr(r, k) is not None]
+    if len(given) > 1:
+        raise ScenarioError(f"run.{given[1]}", f"give one run length only; got {', '.join(given)}")
+    for k in ("updates", "gradients", "epochs", "sim_time"):
+        v = getattr(r, k)
+        if v is not None:
+            _positive(f"run.{k}", float(v))
+    for k in ("eval_every", "checkpoint_every"):
+        if getattr(r, k) < 0:
+            raise ScenarioError(f"run.{k}", "must be >= 0")
+    if r.eval_samples is not None and r.eval_samples < 1:
+        raise ScenarioError("run.eval_samples", "must be a positive integer")
+
+    for k, values in scn.sweep.items():
+        if not isinstance(values, tuple) or not values:
+            raise ScenarioError(f"sweep.{k}", "must be a non-empty list of values")
+
+
+def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
+    """Model/data names against their registries; options against the factory signature."""
+    if section == "model":
+        from asyncsim.models import _MODELS as registry
+        from asyncsim.models import available_models as available
+    else:
+        from asyncsim.data import _DATASETS as registry
+        from asyncsim.data import available_datasets as available
+    names = available()
+    if name not in names:
+        raise ScenarioError(f"{section}.name", f"unknown {section} {name!r}; allowed: {', '.join(names)}")
+    factory = registry[name]
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [p for p in params if p not in ("seed", "self")]
+    for k in options:
+        if k not in params or k == "seed":
+            raise ScenarioError(f"{section}.{k}", f"unknown option for {section} {name!r}; "
+                                f"allowed: name, {', '.join(allowed) or '(no options)'}"
+                                + (", batch_size" if section == "data" else ""))
+
+
+# ----------------------------------------------------------------------------- sweeps
+def sweep_points(scn: Scenario) -> list[dict[str, Any]]:
+    """The cartesian product of ``scn.sweep`` as a list of {dotted key: value} (sorted keys)."""
+    if not scn.sweep:
+        return []
+    keys = sorted(scn.sweep)
+    return [dict(zip(keys, combo, strict=True)) for combo in
+            itertools.product(*(scn.sweep[k] for k in keys))]
+
+
+def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
+    """The scenario of one sweep point (without its ``sweep`` table)."""
+    raw = to_dict(scn)
+    raw.pop("sweep", None)
+    for k, v in point.items():
+        if k == "seed" or "." in k:
+            set_dotted(raw, k, v)
+        else:
+            raise ScenarioError(f"sweep.{k}", "must be a dotted key such as optimizer.lr")
+    try:
+        return from_dict(Scenario, raw)
+    except ScenarioError as e:
+        raise ScenarioError(f"sweep.{e.key}", e.message) from None
+
+
+def is_numeric_only(point_keys: Iterable[str]) -> bool:
+    """True when a sweep varies only numerics (the timing, hence the trace, is shared)."""
+    return all(k.startswith("optimizer.") for k in point_keys)

@@ -1,0 +1,170 @@
+"""The Trace: the complete timing record of a run (DESIGN.md, "The Trace").
+
+One row per *applied* gradient and one per update, stored column-wise as numpy arrays.
+Gradient rows are ordered by ``apply_version`` and, within an update, by the order the PS
+took them, so the gradients of update ``v`` are the contiguous rows
+``updates["start"][v] : updates["start"][v] + updates["n_grads"][v]``.
+
+Given a trace and the scenario's seed, the numerics of a run are fully determined: a
+gradient's inputs are the parameters at ``read_version`` and the mini-batch
+``(seed, learner, batch)`` (see :func:`asyncsim.data.batch_indices`).
+
+Staleness is P1's τ = i − j: ``apply_version`` (the PS timestamp i when the update that takes
+the gradient is applied; the update produces version i + 1) minus ``read_version`` (the
+timestamp j the learner read at *pull* time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+GRAD_COLUMNS: dict[str, type] = {
+    "learner": np.int32,
+    "batch": np.int64,  # the learner's local step: its k-th gradient (P1: one mini-batch each)
+    "read_version": np.int64,
+    "apply_version": np.int64,
+    "staleness": np.int64,
+    "t_pull": np.float64,  # the PS served the pull (the version was read)
+    "t_push": np.float64,  # the learner finished computing and started sending
+    "t_arrive": np.float64,  # the gradient reached the PS
+    "t_apply": np.float64,  # the update that took it was applied
+}
+UPDATE_COLUMNS: dict[str, type] = {
+    "version": np.int64,  # the PS timestamp the update was applied at (it creates version+1)
+    "time": np.float64,
+    "n_grads": np.int32,
+    "start": np.int64,  # first gradient row of this update
+}
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Columnar timing record. ``grads`` and ``updates`` map column names to 1-D arrays."""
+
+    grads: Mapping[str, np.ndarray]
+    updates: Mapping[str, np.ndarray]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_columns(
+        cls,
+        grads: Mapping[str, Any],
+        updates: Mapping[str, Any],
+        meta: Mapping[str, Any] | None = None,
+    ) -> Trace:
+        g = {k: np.asarray(grads[k], dtype=t) for k, t in GRAD_COLUMNS.items()}
+        u = {k: np.asarray(updates[k], dtype=t) for k, t in UPDATE_COLUMNS.items()}
+        extra = {k: np.asarray(v) for k, v in grads.items() if k not in GRAD_COLUMNS}
+        g.update(extra)
+        return cls(g, u, dict(meta or {}))
+
+    # ------------------------------------------------------------------ views
+    @property
+    def num_gradients(self) -> int:
+        return int(self.grads["learner"].shape[0])
+
+    @property
+    def num_updates(self) -> int:
+        return int(self.updates["version"].shape[0])
+
+    @property
+    def staleness(self) -> np.ndarray:
+        return self.grads["staleness"]
+
+    @property
+    def max_staleness(self) -> int:
+        return int(self.staleness.max()) if self.num_gradients else 0
+
+    def gradients_df(self) -> pd.DataFrame:
+        """One row per applied gradient, as a pandas DataFrame."""
+        return pd.DataFrame(dict(self.grads))
+
+    def updates_df(self) -> pd.DataFrame:
+        """One row per update, as a pandas DataFrame."""
+        return pd.DataFrame(dict(self.updates))
+
+    def update_slice(self, v: int) -> slice:
+        s = int(self.updates["start"][v])
+        return slice(s, s + int(self.updates["n_grads"][v]))
+
+    # ------------------------------------------------------------------ statistics
+    def staleness_stats(self, *, skip: int = 0) -> dict[str, float]:
+        """Mean, max, p99 and std of staleness, optionally after ``skip`` warm-up updates."""
+        tau = self.staleness[self.grads["apply_version"] >= skip]
+        if tau.size == 0:
+            return {"staleness_mean": 0.0, "staleness_max": 0, "staleness_p99": 0.0,
+                    "staleness_std": 0.0}
+        return {
+            "staleness_mean": float(tau.mean()),
+            "staleness_max": int(tau.max()),
+            "staleness_p99": float(np.percentile(tau, 99)),
+            "staleness_std": float(tau.std()),
+        }
+
+    def staleness_histogram(self, *, skip: int = 0) -> pd.DataFrame:
+        """Counts and frequencies of each staleness value (columns staleness, count, freq)."""
+        tau = self.staleness[self.grads["apply_version"] >= skip]
+        counts = np.bincount(tau) if tau.size else np.zeros(1, np.int64)
+        return pd.DataFrame({
+            "staleness": np.arange(counts.size),
+            "count": counts,
+            "freq": counts / max(int(tau.size), 1),
+        })
+
+    def hash(self) -> str:
+        """SHA-256 over every column's bytes (in a fixed column order): the trace's identity."""
+        h = hashlib.sha256()
+        for table in (self.grads, self.updates):
+            for k in sorted(table):
+                a = np.ascontiguousarray(table[k])
+                h.update(k.encode())
+                h.update(str(a.dtype).encode())
+                h.update(a.tobytes())
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, folder: str | os.PathLike) -> None:
+        """Write ``trace_grads.parquet``, ``trace_updates.parquet``, ``trace_meta.json``.
+
+        Each file is written to a temporary name and renamed, so a reader never sees half
+        a file.
+        """
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, table in (("trace_grads", self.grads), ("trace_updates", self.updates)):
+            tmp = folder / f".{name}.parquet.tmp"
+            pd.DataFrame(dict(table)).to_parquet(tmp, index=False)
+            os.replace(tmp, folder / f"{name}.parquet")
+        tmp = folder / ".trace_meta.json.tmp"
+        tmp.write_text(json.dumps(_jsonable(dict(self.meta)), indent=1, sort_keys=True))
+        os.replace(tmp, folder / "trace_meta.json")
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> Trace:
+        folder = Path(folder)
+        g = pd.read_parquet(folder / "trace_grads.parquet")
+        u = pd.read_parquet(folder / "trace_updates.parquet")
+        meta_path = folder / "trace_meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        return cls.from_columns({k: g[k].to_numpy() for k in g.columns},
+                                {k: u[k].to_numpy() for k in u.columns}, meta)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
