@@ -18,8 +18,9 @@ from asyncsim.runs import RunFolderError
 EXIT_USAGE = 2
 
 
-def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True) -> None:
-    p.add_argument("scenario", help="a scenario TOML file")
+def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
+                       optional: bool = False) -> None:
+    p.add_argument("scenario", nargs="?" if optional else None, help="a scenario TOML file")
     p.add_argument("--out", help="run folder (default: runs/NAME[-PROFILE]/seedN)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set protocol.n=4 (repeatable)")
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("run", help="simulate with real gradients (online driver)")
-    _add_scenario_args(p)
+    _add_scenario_args(p, optional=True)
     p.add_argument("--resume", metavar="DIR", help="continue an unfinished run folder")
     p.set_defaults(func=cmd_run)
 
@@ -106,6 +107,8 @@ def cmd_run(args) -> int:
     from asyncsim import runs
     from asyncsim.online import run
 
+    if not args.resume and not args.scenario:
+        raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
     if args.resume:
         from asyncsim.scenario import load_scenario
 

@@ -119,10 +119,12 @@ def resolve_raw(
         raise ScenarioError("profiles", "must be a table of profile tables (smoke, paper)")
     for name in profiles:
         if name not in PROFILES:
-            raise ScenarioError(f"profiles.{name}", f"unknown profile; allowed: {', '.join(PROFILES)}")
+            raise ScenarioError(f"profiles.{name}",
+                                f"unknown profile; allowed: {', '.join(PROFILES)}")
     if profile is not None:
         if profile not in PROFILES:
-            raise ScenarioError("--profile", f"unknown profile {profile!r}; allowed: {', '.join(PROFILES)}")
+            raise ScenarioError("--profile",
+                                f"unknown profile {profile!r}; allowed: {', '.join(PROFILES)}")
         if profile != "default":
             raw = _merge(raw, profiles.get(profile, {}))
     for item in overrides:
@@ -254,7 +256,8 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     _check_factory("model", scn.model.name, scn.model.options)
     _check_factory("data", scn.data.name, scn.data.options)
     if scn.data.batch_size < 1:
-        raise ScenarioError("data.batch_size", f"must be a positive integer, got {scn.data.batch_size}")
+        raise ScenarioError("data.batch_size",
+                            f"must be a positive integer, got {scn.data.batch_size}")
 
     r = scn.run
     given = [k for k in ("updates", "gradients", "epochs", "sim_time") if getattr(r, k) is not None]
@@ -285,7 +288,8 @@ def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
         from asyncsim.data import available_datasets as available
     names = available()
     if name not in names:
-        raise ScenarioError(f"{section}.name", f"unknown {section} {name!r}; allowed: {', '.join(names)}")
+        raise ScenarioError(f"{section}.name",
+                            f"unknown {section} {name!r}; allowed: {', '.join(names)}")
     factory = registry[name]
     try:
         sig = inspect.signature(factory)

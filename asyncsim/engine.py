@@ -1,0 +1,251 @@
+"""Numerics drivers: the online (SimPy) driver and the exact replay of a trace.
+
+Both drive the same :class:`Numerics` object, whose :meth:`Numerics.update` executes one PS
+update from its timing record — the rows ``(learner, batch, read_version, staleness)`` of
+the gradients it took — with the shared update core (:mod:`asyncsim.core`). The online
+driver calls it from the SimPy run as updates happen; replay calls it in a plain loop over
+a saved trace. Same inputs, same jitted functions, same order: online and replay give
+bit-identical parameters on one machine.
+
+A gradient's inputs are fixed at pull time (the version read and the mini-batch
+``batch_indices(seed, learner, batch)``), so gradients are computed lazily, when the update
+that takes them is applied; the simulated timeline never depends on that choice.
+
+Grouping (DESIGN.md, "Performance principles"): gradients of one update that read the same
+version can be computed by one vmapped call (``grouping="version"``) or one by one
+(``grouping="none"``). On JAX's CPU backend separate calls measured faster for small
+per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on GPU/TPU;
+``benchmarks/bench_online.py`` measures both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asyncsim.config import Scenario
+from asyncsim.core import CoreState, make_core, param_hash
+from asyncsim.data import Dataset, batch_indices, get_dataset
+from asyncsim.errors import ScenarioError
+from asyncsim.models import Model, get_model, grad_fn
+from asyncsim.protocols import get_protocol_class
+
+_INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), _INIT_TAG): distinct from batches
+
+Row = tuple[int, int, int, int]  # (learner, batch, read_version, staleness)
+
+
+def build_model(scn: Scenario) -> Model:
+    try:
+        return get_model(scn.model.name, **scn.model.options)
+    except ValueError as e:
+        raise ScenarioError("model", str(e), file=scn.source) from None
+
+
+def build_dataset(scn: Scenario) -> Dataset:
+    try:
+        return get_dataset(scn.data.name, seed=scn.seed, **scn.data.options)
+    except ValueError as e:
+        raise ScenarioError("data", str(e), file=scn.source) from None
+
+
+def updates_per_epoch(scn: Scenario, n_train: int) -> float:
+    """PS updates per pass over the train set: n_train / (mu * gradients per update)."""
+    proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+    grads_per_update = 1.0 / proto.updates_per_gradient()
+    return n_train / (scn.data.batch_size * grads_per_update)
+
+
+class _Shared:
+    """Model, device-resident data and the jitted gradient/eval functions of one
+    (model, data, seed, batch size): shared by every Numerics with the same ones, so sweeps
+    and tests compile them once."""
+
+    def __init__(self, model: Model, data: Dataset, scn: Scenario):
+        self.model, self.data = model, data
+        # Device-resident data, gathered inside jit by batch_indices.
+        self.x_train = jnp.asarray(data.x_train)
+        self.y_train = jnp.asarray(data.y_train)
+        self.x_test = jnp.asarray(data.x_test)
+        self.y_test = jnp.asarray(data.y_test)
+        vg = grad_fn(model)
+        seed, mu, n = scn.seed, scn.data.batch_size, int(data.x_train.shape[0])
+
+        def one(params, x_all, y_all, learner, batch):
+            idx = batch_indices(seed, learner, batch, mu, n)
+            return vg(params, x_all[idx], y_all[idx])
+
+        self.grad_one = jax.jit(one)
+        self.grad_group = jax.jit(jax.vmap(one, in_axes=(None, None, None, 0, 0)))
+
+        def stack(*xs):
+            return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)
+
+        self.stack = jax.jit(stack)
+
+        def eval_batch(params, x, y):
+            return model.loss(params, x, y), model.error(params, x, y)
+
+        self.eval_batch = jax.jit(eval_batch)
+
+
+_SHARED: dict[Any, _Shared] = {}
+_SHARED_MAX = 4
+
+
+def _shared(scn: Scenario) -> _Shared:
+    key = (scn.model.name, repr(sorted(scn.model.options.items())), scn.data.name,
+           repr(sorted(scn.data.options.items())), scn.seed, scn.data.batch_size)
+    hit = _SHARED.pop(key, None)
+    if hit is None:
+        hit = _Shared(build_model(scn), build_dataset(scn), scn)
+    _SHARED[key] = hit  # most recently used last
+    while len(_SHARED) > _SHARED_MAX:
+        del _SHARED[next(iter(_SHARED))]
+    return hit
+
+
+def _default_grouping() -> str:
+    return "none" if jax.default_backend() == "cpu" else "version"
+
+
+@dataclass
+class EvalRecord:
+    version: int
+    gradients: int
+    sim_time: float
+    epoch: float
+    train_loss: float
+    test_loss: float
+    test_error: float
+
+
+class Numerics:
+    """Model, data, update core and the jitted functions of one scenario.
+
+    Args:
+        scn: the scenario.
+        grouping: ``"none"`` | ``"version"`` | ``"auto"`` (see the module docstring).
+        hyper: overrides of the core's hyperparameters (``lr``, ``beta``, ``weight_decay``).
+        model, dataset: reuse already-built ones (sweeps share the data set).
+    """
+
+    def __init__(self, scn: Scenario, *, grouping: str = "auto",
+                 model: Model | None = None, dataset: Dataset | None = None):
+        self.scn = scn
+        shared = _shared(scn) if model is None and dataset is None else None
+        if shared is None:
+            shared = _Shared(model or build_model(scn), dataset or build_dataset(scn), scn)
+        self.model = shared.model
+        self.data = shared.data
+        self.n_train = int(self.data.x_train.shape[0])
+        self.mu = scn.data.batch_size
+        self.seed = scn.seed
+        self.upe = updates_per_epoch(scn, self.n_train)
+        self.core = make_core(scn.optimizer, num_learners=scn.cluster.learners,
+                              updates_per_epoch=self.upe)
+        self.grouping = _default_grouping() if grouping == "auto" else grouping
+        if self.grouping not in ("none", "version"):
+            raise ValueError(f"grouping must be none, version or auto, got {grouping!r}")
+        self.x_train, self.y_train = shared.x_train, shared.y_train
+        self.x_test, self.y_test = shared.x_test, shared.y_test
+        self._grad_one = shared.grad_one
+        self._grad_group = shared.grad_group
+        self._eval_batch = shared.eval_batch
+        self._stack = shared.stack
+        core_apply = self.core.apply
+
+        def apply(state, grads, staleness, learner_ids, step):
+            return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
+                              step=step)
+
+        self._apply = jax.jit(apply)
+
+    # ------------------------------------------------------------------ state
+    def init_params(self):
+        key = jax.random.fold_in(jax.random.PRNGKey(self.seed), _INIT_TAG)
+        return self.model.init(key)
+
+    def init_state(self, **hyper: Any) -> CoreState:
+        return self.core.init(self.init_params(), **hyper)
+
+    # ------------------------------------------------------------------ one update
+    def gradients(self, versions: dict[int, Any], rows: Sequence[Row]):
+        """Losses [c] and stacked gradients (leading axis c) of an update's rows, in order."""
+        if self.grouping == "none" or len(rows) == 1:
+            outs = [self._grad_one(versions[r], self.x_train, self.y_train,
+                                   np.int32(l), np.int32(b)) for l, b, r, _ in rows]
+            if len(outs) == 1:
+                loss, g = outs[0]
+                return loss[None], jax.tree_util.tree_map(lambda a: a[None], g)
+            losses = jnp.stack([o[0] for o in outs])
+            return losses, self._stack(*[o[1] for o in outs])
+        # Group rows that read the same version into one vmapped call, then restore order.
+        groups: dict[int, list[int]] = {}
+        for i, (_, _, r, _) in enumerate(rows):
+            groups.setdefault(r, []).append(i)
+        parts_l, parts_g, order = [], [], []
+        for r, idx in groups.items():
+            ls = np.asarray([rows[i][0] for i in idx], np.int32)
+            bs = np.asarray([rows[i][1] for i in idx], np.int32)
+            loss, g = self._grad_group(versions[r], self.x_train, self.y_train, ls, bs)
+            parts_l.append(loss)
+            parts_g.append(g)
+            order.extend(idx)
+        losses = jnp.concatenate(parts_l)
+        grads = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *parts_g)
+        if order != sorted(order):
+            inv = np.argsort(np.asarray(order))
+            losses = losses[inv]
+            grads = jax.tree_util.tree_map(lambda a: a[inv], grads)
+        return losses, grads
+
+    def update(self, state: CoreState, versions: dict[int, Any], version: int,
+               rows: Sequence[Row]) -> tuple[CoreState, jax.Array]:
+        """Apply PS update ``version`` taking ``rows``; returns the new state and batch losses."""
+        losses, grads = self.gradients(versions, rows)
+        staleness = np.asarray([row[3] for row in rows], np.int32)
+        learners = np.asarray([row[0] for row in rows], np.int32)
+        state = self._apply(state, grads, staleness, learners, np.int32(version))
+        return state, losses
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, params, *, samples: int | None = None, batch: int = 1000):
+        """(test loss, test error) on the first ``samples`` test examples."""
+        n = self.x_test.shape[0] if samples is None else min(samples, self.x_test.shape[0])
+        tot_l = tot_e = 0.0
+        for s in range(0, n, batch):
+            e = min(s + batch, n)
+            loss, err = self._eval_batch(params, self.x_test[s:e], self.y_test[s:e])
+            tot_l += float(loss) * (e - s)
+            tot_e += float(err) * (e - s)
+        return tot_l / max(n, 1), tot_e / max(n, 1)
+
+    def epoch_of(self, gradients: int) -> float:
+        return gradients * self.mu / self.n_train
+
+
+def params_finite(params) -> bool:
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(params))
+
+
+def summarize_params(params) -> dict[str, Any]:
+    return {"param_hash": param_hash(params)}
+
+
+def first_nonfinite(losses: list[np.ndarray], base_version: int) -> int | None:
+    """The version of the first update whose batch losses are not all finite, or None."""
+    for i, l in enumerate(losses):
+        if not np.all(np.isfinite(l)):
+            return base_version + i
+    return None
+
+
+def nan_to_none(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else x

@@ -1,0 +1,307 @@
+"""``asyncsim run``: the online driver — SimPy timing with real JAX gradients as it goes.
+
+The SimPy run (:mod:`asyncsim.cluster`) calls back after every PS update; the callback
+computes the update's gradients on the versions they read and applies the shared update
+core (:class:`asyncsim.engine.Numerics`). Parameter versions are kept only while some
+outstanding gradient still reads them.
+
+Divergence: every ``CHECK_EVERY`` updates the batch losses are fetched; the first update
+with a non-finite loss stops the run cleanly, recorded in ``summary.json`` as
+``diverged: true`` and ``diverged_at``.
+
+Checkpoints and resume: every ``run.checkpoint_every`` updates the numerics state, the
+parameter versions still in use and the metrics so far are written atomically to
+``checkpoint.npz``. Timing never depends on numerics, so ``--resume`` re-simulates the
+timeline (cheap) and restarts the numerics from the checkpoint: the final ``param_hash`` is
+the one an uninterrupted run gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+
+from asyncsim import runs
+from asyncsim.api import message_bytes, trace_summary
+from asyncsim.cluster import Simulation, run_length
+from asyncsim.config import Scenario
+from asyncsim.core import CoreState, param_hash
+from asyncsim.engine import EvalRecord, Numerics, first_nonfinite
+from asyncsim.scenario import base_dir
+from asyncsim.trace import Trace
+
+CHECK_EVERY = 16
+CKPT = "checkpoint.npz"
+
+
+@dataclass
+class RunResult:
+    """A finished run: its trace, metrics (DataFrames), summary and final parameters."""
+
+    trace: Trace
+    summary: dict[str, Any]
+    evals: pd.DataFrame
+    updates: pd.DataFrame
+    params: Any
+    out: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gradients(self) -> pd.DataFrame:
+        return self.trace.gradients_df()
+
+
+class _Recorder:
+    """Per-update losses (fetched in bulk) and evaluation records."""
+
+    def __init__(self):
+        self.pending: list[jax.Array] = []
+        self.pending_base = 0
+        self.losses: list[np.ndarray] = []  # per update: the batch losses
+        self.evals: list[EvalRecord] = []
+
+    def flush(self) -> int | None:
+        """Fetch pending losses; return the first non-finite update's version, if any."""
+        if not self.pending:
+            return None
+        fetched = [np.asarray(x) for x in jax.device_get(self.pending)]
+        bad = first_nonfinite(fetched, self.pending_base)
+        self.losses.extend(fetched)
+        self.pending_base += len(self.pending)
+        self.pending = []
+        return bad
+
+
+def _flat(tree) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def save_checkpoint(folder: Path, version: int, state: CoreState, versions: dict[int, Any],
+                    rec: _Recorder, extra: dict[str, Any]) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    for i, a in enumerate(_flat(state)):
+        arrays[f"state_{i}"] = a
+    for v, params in versions.items():
+        for i, a in enumerate(_flat(params)):
+            arrays[f"v{v}_{i}"] = a
+    meta = {"version": version, "versions": sorted(versions),
+            "evals": [e.__dict__ for e in rec.evals], "extra": extra,
+            "losses_len": [int(x.size) for x in rec.losses]}
+    arrays["losses"] = (np.concatenate(rec.losses) if rec.losses
+                        else np.zeros(0, np.float32)).astype(np.float32)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    tmp = folder / f".{CKPT}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / CKPT)
+
+
+def load_checkpoint(folder: Path, template_state: CoreState, template_params):
+    with np.load(folder / CKPT) as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+        s_def = jax.tree_util.tree_structure(template_state)
+        s_leaves = [z[f"state_{i}"] for i in range(s_def.num_leaves)]
+        state = jax.tree_util.tree_unflatten(s_def, [jax.numpy.asarray(a) for a in s_leaves])
+        p_def = jax.tree_util.tree_structure(template_params)
+        versions = {}
+        for v in meta["versions"]:
+            leaves = [jax.numpy.asarray(z[f"v{v}_{i}"]) for i in range(p_def.num_leaves)]
+            versions[v] = jax.tree_util.tree_unflatten(p_def, leaves)
+        flat = z["losses"]
+    rec = _Recorder()
+    pos = 0
+    for n in meta["losses_len"]:
+        rec.losses.append(flat[pos:pos + n])
+        pos += n
+    rec.pending_base = len(rec.losses)
+    rec.evals = [EvalRecord(**e) for e in meta["evals"]]
+    return meta["version"], state, versions, rec, meta["extra"]
+
+
+class Driver:
+    """Executes updates from their timing rows: shared by the online and replay drivers.
+
+    Keeps the core state, the parameter versions still to be read, the batch losses and
+    the evaluations; checks divergence every ``CHECK_EVERY`` updates; evaluates every
+    ``run.eval_every`` updates and checkpoints every ``run.checkpoint_every``.
+    """
+
+    def __init__(self, scn: Scenario, num: Numerics, *, folder: Path | None = None,
+                 start: tuple | None = None, hyper: dict[str, float] | None = None):
+        self.scn = scn
+        self.num = num
+        self.folder = folder
+        if start is not None:
+            self.start_version, self.state, self.versions, self.rec, extra = start
+            self.grads_applied = int(extra.get("grads_applied", 0))
+        else:
+            self.start_version = 0
+            self.state = num.init_state(**(hyper or {}))
+            self.versions = {0: self.state.params}
+            self.rec = _Recorder()
+            self.grads_applied = 0
+        self.diverged_at: int | None = None
+        self.now = 0.0
+        self.pbar = None
+        if self.start_version == 0 and not self.rec.evals:
+            loss, err = num.evaluate(self.state.params, samples=scn.run.eval_samples)
+            self.rec.evals.append(EvalRecord(0, 0, 0.0, 0.0, float("nan"), loss, err))
+
+    def evaluate(self, version: int) -> None:
+        bad = self.rec.flush()
+        if bad is not None and self.diverged_at is None:
+            self.diverged_at = bad
+        r = self.scn.run
+        test_loss, test_err = self.num.evaluate(self.state.params, samples=r.eval_samples)
+        recent = self.rec.losses[-max(r.eval_every, 1):]
+        train_loss = float(np.mean(np.concatenate(recent))) if recent else float("nan")
+        g = self.grads_applied
+        self.rec.evals.append(EvalRecord(version=version, gradients=g, sim_time=self.now,
+                                         epoch=self.num.epoch_of(g), train_loss=train_loss,
+                                         test_loss=test_loss, test_error=test_err))
+
+    def on_update(self, v: int, rows, *, alive, now: float) -> bool | None:
+        """Apply update ``v``; ``alive`` holds the versions later gradients will still read.
+
+        Returns False to stop the run (divergence).
+        """
+        self.grads_applied += len(rows)
+        self.now = now
+        if v < self.start_version:
+            return None  # numerics restored from the checkpoint
+        st, losses = self.num.update(self.state, self.versions, v, rows)
+        self.state = st
+        versions = self.versions
+        versions[v + 1] = st.params
+        for k in [k for k in versions if k != v + 1 and k not in alive]:
+            del versions[k]
+        rec = self.rec
+        rec.pending.append(losses)
+        if self.pbar is not None:
+            self.pbar.update(1)
+        done = v + 1
+        if len(rec.pending) >= CHECK_EVERY:
+            bad = rec.flush()
+            if bad is not None:
+                self.diverged_at = bad
+                return False
+        r = self.scn.run
+        if r.eval_every and done % r.eval_every == 0:
+            self.evaluate(done)
+            if self.diverged_at is not None:
+                return False
+        if self.folder is not None and r.checkpoint_every and done % r.checkpoint_every == 0:
+            rec.flush()
+            save_checkpoint(self.folder, done, self.state, versions, rec,
+                            {"grads_applied": self.grads_applied})
+        return None
+
+    def finish(self, trace: Trace, t0: float, *, kind: str = "run") -> RunResult:
+        """Final evaluation, summary and (with a folder) every output file, summary last."""
+        bad = self.rec.flush()
+        if bad is not None and self.diverged_at is None:
+            self.diverged_at = bad
+        if self.rec.evals[-1].version != trace.num_updates:
+            self.evaluate(trace.num_updates)
+        num, rec, final = self.num, self.rec, self.state
+        evals = pd.DataFrame([e.__dict__ for e in rec.evals])
+        upd = trace.updates_df()
+        n = min(len(rec.losses), len(upd))
+        upd = upd.iloc[:n].copy()
+        upd["train_loss"] = [float(np.mean(x)) if x.size else float("nan")
+                             for x in rec.losses[:n]]
+        last = rec.evals[-1]
+        summary = {
+            "name": self.scn.name, "seed": self.scn.seed, "kind": kind,
+            **trace_summary(trace),
+            "epochs": num.epoch_of(trace.num_gradients),
+            "final_test_error": last.test_error,
+            "final_test_loss": last.test_loss,
+            "final_train_loss": last.train_loss,
+            "diverged": self.diverged_at is not None,
+            "diverged_at": self.diverged_at,
+            "param_hash": param_hash(final.params),
+            "wall_time": time.perf_counter() - t0,
+            "stop_reason": trace.meta.get("stop_reason"),
+            "grouping": num.grouping,
+            "backend": jax.default_backend(),
+        }
+        folder = self.folder
+        if folder is not None:
+            trace.save(folder)
+            runs.atomic_write_text(folder / "eval.csv", evals.to_csv(index=False))
+            tmp = folder / ".updates.parquet.tmp"
+            upd.to_parquet(tmp, index=False)
+            os.replace(tmp, folder / "updates.parquet")
+            save_params(folder, final.params)
+            runs.write_summary(folder, summary)
+            ck = folder / CKPT
+            if ck.exists():
+                ck.unlink()  # a complete run needs no checkpoint; final params are kept
+        return RunResult(trace, summary, evals, upd, final.params, folder)
+
+
+def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
+        force: bool = False, progress: bool = False, profile: str | None = None,
+        grouping: str = "auto", numerics: Numerics | None = None) -> RunResult:
+    """Simulate ``scn`` with real gradients (the online driver) and, with ``out``, write it.
+
+    Returns:
+        A :class:`RunResult`; ``summary`` has the trace figures plus ``final_test_error``,
+        ``diverged``, ``diverged_at``, ``param_hash``, ``wall_time``.
+    """
+    folder = runs.prepare(out, resume=resume, force=force) if out is not None else None
+    t0 = time.perf_counter()
+    num = numerics or Numerics(scn, grouping=grouping)
+    start = None
+    if resume and folder is not None and (folder / CKPT).exists():
+        template = num.init_state()
+        start = load_checkpoint(folder, template, template.params)
+    elif folder is not None:
+        runs.write_scenario(folder, scn)
+        runs.write_provenance(folder, scn, profile=profile)
+    driver = Driver(scn, num, folder=folder, start=start)
+    sim = Simulation(scn, msg_bytes=message_bytes(scn), track_reads=True,
+                     base_dir=base_dir(scn),
+                     on_update=lambda v, rows: driver.on_update(v, rows, alive=sim.read_refs,
+                                                                now=sim.env.now))
+    limits = run_length(scn, n_train=num.n_train)
+    if progress:
+        from tqdm.auto import tqdm
+
+        driver.pbar = tqdm(total=limits.get("max_updates"), initial=driver.start_version,
+                           unit="upd", mininterval=0.5, leave=False, disable=None)
+    try:
+        trace = sim.run(**limits)
+    finally:
+        if driver.pbar is not None:
+            driver.pbar.close()
+    return driver.finish(trace, t0)
+
+
+def save_params(folder: Path, params) -> None:
+    """``params.npz``: the final parameters, leaves named by their pytree path."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(params)
+    arrays = {jax.tree_util.keystr(p): np.asarray(x) for p, x in flat}
+    tmp = folder / ".params.npz.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, folder / "params.npz")
+
+
+def load_params(folder: str | Path, template):
+    """The final parameters of a run folder, in the structure of ``template``."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(template)
+    with np.load(Path(folder) / "params.npz") as z:
+        leaves = [jax.numpy.asarray(z[jax.tree_util.keystr(p)]) for p, _ in flat]
+    return jax.tree_util.tree_unflatten(treedef, leaves)

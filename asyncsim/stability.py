@@ -1,0 +1,337 @@
+"""Analytic linear-stability edges of delayed SGD with constant delay τ (P2).
+
+Reference: Giladi, Shpigel Nacson, Hoffer, Soudry, "At Stability's Edge: How to Adjust
+Hyperparameters to Preserve Minima Selection in Asynchronous Training of Neural Networks?",
+ICLR 2020, arXiv 1909.12340 (P2 in ``/work/shared/PAPERS.md``).
+
+Setting. Near a minimum, along a Hessian eigenvector with eigenvalue λ, the loss is
+``λ w²/2`` and the gradient is ``λ w``. With ``x = η·λ`` every update below is a linear
+recurrence in the scalar ``w``; substituting ``w_t = z^t`` gives its characteristic
+polynomial, and the minimum is linearly stable iff every root has ``|z| < 1``.
+
+Derivations (one line each):
+
+* ``"none"`` — ``w_{t+1} = w_t − x w_{t−τ}``. Multiply ``z^{t+1} = z^t − x z^{t−τ}`` by
+  ``z^{τ−t}``::
+
+      z^{τ+1} − z^τ + x = 0                                         (P2, plain)
+
+* ``"heavy-ball"`` — ``m_{t+1} = β m_t + λ w_{t−τ}``, ``w_{t+1} = w_t − η m_{t+1}``.
+  Eliminating ``m`` (``m_{t+1} = −(w_{t+1} − w_t)/η``) gives
+  ``w_{t+1} − w_t = β (w_t − w_{t−1}) − x w_{t−τ}``; multiply by ``z^{τ+1−t}``::
+
+      z^τ (z − 1)(z − β) + x z = 0                                  (P2, heavy ball)
+
+* ``"dampened"`` — PyTorch ``dampening=β``: ``m_{t+1} = β m_t + (1 − β) λ w_{t−τ}``, i.e. the
+  heavy-ball polynomial with ``x → x (1 − β)``, so its edge is ``edge_hb / (1 − β)``.
+
+* ``"shifted"`` — ``w_{t+1} = w_t − x w_{t−τ} + β (w_{t−τ} − w_{t−τ−1})``; multiply by
+  ``z^{τ+1−t}``: ``z^{τ+2} − z^{τ+1} + x z − β z + β = 0``, i.e.::
+
+      (z − 1)(z^{τ+1} − β) + x z = 0                                (P2, shifted)
+
+All four agree with PAPERS.md. The extra root ``z = 0`` of the momentum polynomials (for
+τ ≥ 1) is harmless. At τ = 0 shifted momentum *is* heavy ball; at β = 0 every kind is plain.
+
+Edge. For ``0 ≤ |β| < 1`` and small ``x > 0`` every root is inside the unit disk (the root at
+``z = 1`` moves to ``1 − x/(1 − β)``, the others sit at ``0``, ``β`` or ``β^{1/(τ+1)}``), so the
+edge is the smallest ``x > 0`` for which a root lies on ``|z| = 1``. Solving the polynomial
+for ``x`` at ``z = e^{iθ}`` and writing ``e^{iu} − β = e^{iu}(1 − β e^{−iu})`` gives, with
+``δ(u) = atan2(β sin u, 1 − β cos u)`` (continuous, ``|δ| < π/2``)::
+
+    none        x(θ) = 2 sin(θ/2)                    · exp(i ψ),  ψ = (τ+½)θ − π/2
+    heavy-ball  x(θ) = 2 sin(θ/2) |e^{iθ} − β|       · exp(i ψ),  ψ = (τ+½)θ + δ(θ) − π/2
+    shifted     x(θ) = 2 sin(θ/2) |e^{i(τ+1)θ} − β|  · exp(i ψ),  ψ = (τ+½)θ + δ((τ+1)θ) − π/2
+
+``x`` is real and positive exactly where ``ψ(θ) = 2πk``. Because ``δ' ≥ −|β|/(1+|β|)``, ψ is
+strictly increasing on ``[0, π]`` (``ψ(0) = −π/2``), so each ``k = 0 … ⌊ψ(π)/2π⌋`` gives one
+crossing angle, found by vectorised bisection to machine precision; the edge is the smallest
+``|x|`` over them. The crossing at ``θ = π`` (``z = −1``) is the τ = 0 case. For heavy ball
+with ``β ≥ 0`` the modulus increases with θ, so ``k = 0`` wins; shifted momentum's modulus
+oscillates, so later ``k`` are checked until a lower bound rules them out. The plain edge
+uses the closed form ``2 sin(π/(4τ+2))`` (the ``k = 0`` crossing, ``θ = π/(2τ+1)``).
+Shifted momentum at τ = 1 also has one: ``1 − β²`` (not in PAPERS.md; tested).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "MOMENTUM_KINDS",
+    "char_poly",
+    "edge",
+    "edge_table",
+    "lr_for_delay",
+    "spectral_radius",
+]
+
+MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "shifted")
+LR_RULES = ("constant", "inverse-staleness", "stability-edge")
+
+# Bisection halves a bracket of width π; 60 halvings reach the spacing of doubles near π.
+_BISECTION_STEPS = 60
+
+
+def _check_kind(momentum: str) -> None:
+    if momentum not in MOMENTUM_KINDS:
+        raise ValueError(f"unknown momentum {momentum!r}; expected one of {MOMENTUM_KINDS}")
+
+
+def _check_tau_beta(tau: np.ndarray, beta: np.ndarray) -> None:
+    if np.any(tau < 0) or np.any(tau != np.floor(tau)):
+        raise ValueError("tau must be a non-negative integer")
+    # |β| ≥ 1 makes the system unstable (or marginal) already at x → 0+, so no edge exists.
+    if np.any(np.abs(beta) >= 1):
+        raise ValueError("beta must satisfy |beta| < 1")
+
+
+def char_poly(tau: int, x: float, momentum: str = "none", beta: float = 0.0) -> np.ndarray:
+    """Characteristic polynomial of delayed SGD along one Hessian direction (P2).
+
+    Args:
+        tau: constant delay τ ≥ 0 (staleness of every gradient).
+        x: ``η·λ``, learning rate times Hessian eigenvalue.
+        momentum: one of :data:`MOMENTUM_KINDS` (see the module docstring for recurrences).
+        beta: momentum coefficient β (ignored for ``"none"``).
+
+    Returns:
+        Coefficients, highest degree first (``np.roots`` order): ``z^{τ+1} − z^τ + x`` for
+        ``"none"``, ``z^τ(z−1)(z−β) + xz`` for ``"heavy-ball"`` (``x → x(1−β)`` for
+        ``"dampened"``), ``(z−1)(z^{τ+1}−β) + xz`` for ``"shifted"``.
+    """
+    _check_kind(momentum)
+    tau = int(tau)
+    if tau < 0:
+        raise ValueError("tau must be a non-negative integer")
+    x, beta = float(x), float(beta)
+    if momentum == "none":
+        c = np.zeros(tau + 2)
+        c[0] += 1.0
+        c[1] -= 1.0
+        c[-1] += x  # at τ = 0 this lands on c[1]: z − 1 + x
+        return c
+    if momentum == "shifted":
+        c = np.zeros(tau + 3)
+        c[0] += 1.0
+        c[1] -= 1.0
+        c[-2] += x - beta  # at τ = 0 this shares c[1] with −z^{τ+1}
+        c[-1] += beta
+        return c
+    if momentum == "dampened":
+        x *= 1.0 - beta
+    c = np.zeros(tau + 3)
+    c[:3] = (1.0, -(1.0 + beta), beta)  # (z − 1)(z − β), then τ zero coefficients
+    c[-2] += x
+    return c
+
+
+def _spectral_radius_scalar(tau: int, x: float, momentum: str, beta: float) -> float:
+    roots = np.roots(char_poly(tau, x, momentum, beta))
+    return float(np.max(np.abs(roots))) if roots.size else 0.0
+
+
+_spectral_radius_vec = np.vectorize(_spectral_radius_scalar, otypes=[float], excluded={2})
+
+
+def spectral_radius(tau, x, momentum: str = "none", beta=0.0):
+    """Largest root modulus of :func:`char_poly`; < 1 means linearly stable.
+
+    Broadcasts over array ``tau``, ``x`` and ``beta`` (``np.roots`` per element); returns a
+    float for scalar inputs.
+    """
+    _check_kind(momentum)
+    out = _spectral_radius_vec(tau, x, momentum, beta)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def _delta(u: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """``arg(1 − β e^{−iu})``: the bounded part of the unwrapped ``arg(e^{iu} − β)``."""
+    return np.arctan2(beta * np.sin(u), 1.0 - beta * np.cos(u))
+
+
+def _phase(theta, tau, beta, shifted: bool):
+    u = (tau + 1.0) * theta if shifted else theta
+    return (tau + 0.5) * theta + _delta(u, beta) - 0.5 * np.pi
+
+
+def _modulus(theta, tau, beta, shifted: bool):
+    u = (tau + 1.0) * theta if shifted else theta
+    # |e^{iu} − β| written without cancellation for u → 0 and β → 1.
+    dist = np.sqrt((1.0 - beta) ** 2 + 4.0 * beta * np.sin(0.5 * u) ** 2)
+    return 2.0 * np.sin(0.5 * theta) * dist
+
+
+def _solve_crossing(tau, beta, k, shifted: bool):
+    """Angle θ_k in [0, π] with ψ(θ_k) = 2πk, and whether that crossing exists.
+
+    Since ``|δ| ≤ a = arcsin|β|``, ``θ_k ∈ [(2πk + π/2 − a)/(τ+½), (2πk + π/2 + a)/(τ+½)]``,
+    a bracket of width ``≤ π/(τ+½)`` that bisection then shrinks to machine precision.
+    """
+    a = np.arcsin(np.abs(beta))
+    target = 2 * np.pi * k
+    lo = np.clip((target + 0.5 * np.pi - a) / (tau + 0.5), 0.0, np.pi)
+    hi = np.clip((target + 0.5 * np.pi + a) / (tau + 0.5), 0.0, np.pi)
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        below = _phase(mid, tau, beta, shifted) < target
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    theta = 0.5 * (lo + hi)
+    # A clipped bracket can end at θ = π without a crossing (ψ(π) < 2πk); ψ(π) = 0 at τ = 0
+    # holds only up to rounding, hence the tolerance.
+    exists = np.abs(_phase(theta, tau, beta, shifted) - target) < 1e-9 * (1.0 + target)
+    return theta, exists
+
+
+def _crossing_edge(tau: np.ndarray, beta: np.ndarray, shifted: bool) -> np.ndarray:
+    """Smallest positive real ``x(θ)`` on the unit circle (1-D float arrays in, same out).
+
+    Crossing k = 0 always exists (ψ(π) ≥ 0). Later crossings are visited only while they can
+    still beat the best so far: ``|x(θ_k)| ≥ 2 sin(θ_lb(k)/2)(1 − |β|)`` with θ_lb the lower
+    bracket end, and that bound grows with k. In practice k = 0 wins and k = 1 is pruned,
+    which keeps the 257 × 10 table at a few thousand bisections.
+    """
+    theta, _ = _solve_crossing(tau, beta, 0, shifted)
+    best = _modulus(theta, tau, beta, shifted)
+    a = np.arcsin(np.abs(beta))
+    k = 1
+    while True:
+        theta_lb = (2 * np.pi * k + 0.5 * np.pi - a) / (tau + 0.5)
+        active = (theta_lb <= np.pi) & (2 * np.sin(0.5 * theta_lb) * (1 - np.abs(beta)) < best)
+        if not active.any():
+            return best
+        idx = np.flatnonzero(active)
+        theta, exists = _solve_crossing(tau[idx], beta[idx], k, shifted)
+        x = np.where(exists, _modulus(theta, tau[idx], beta[idx], shifted), np.inf)
+        best[idx] = np.minimum(best[idx], x)
+        k += 1
+
+
+def edge(tau, momentum: str = "none", beta=0.0):
+    """Largest stable ``η·λ`` at constant delay τ: sup of ``x`` with spectral radius < 1 on (0, x).
+
+    Args:
+        tau: delay(s) τ ≥ 0, integer scalar or array.
+        momentum: one of :data:`MOMENTUM_KINDS`.
+        beta: momentum coefficient(s), ``|β| < 1``; broadcast against ``tau``.
+
+    Returns:
+        The edge in units of the raw rate ``η`` times λ (float for scalar inputs, else an array
+        of the broadcast shape). ``"none"``: ``2 sin(π/(4τ+2))`` (P2). ``"heavy-ball"`` and
+        ``"shifted"``: smallest unit-circle crossing (module docstring), exact to ~1e-13
+        relative. ``"dampened"``: heavy-ball edge ``/(1 − β)``.
+    """
+    _check_kind(momentum)
+    tau_b, beta_b = np.broadcast_arrays(np.asarray(tau, dtype=float),
+                                        np.asarray(beta, dtype=float))
+    _check_tau_beta(tau_b, beta_b)
+    if momentum == "none":
+        out = 2.0 * np.sin(np.pi / (4.0 * tau_b + 2.0))
+    else:
+        flat_t, flat_b = tau_b.ravel(), beta_b.ravel()
+        out = _crossing_edge(flat_t, flat_b, shifted=momentum == "shifted")
+        if momentum == "dampened":
+            out = out / (1.0 - flat_b)
+        out = out.reshape(tau_b.shape)
+    return float(out) if out.ndim == 0 else out
+
+
+def effective_edge(tau, momentum: str = "none", beta=0.0):
+    """Edge on the *effective* rate: the steady-state step per unit gradient.
+
+    Heavy ball and shifted momentum move ``η/(1 − β)`` per unit of a constant gradient, so
+    their effective edge is ``edge/(1 − β)``. Dampened momentum moves ``η``: its ``edge`` is
+    already effective (and equals the heavy-ball effective edge). Plain SGD: ``edge``.
+    P2 compares momentum kinds at equal effective rate.
+    """
+    e = edge(tau, momentum, beta)
+    if momentum in ("heavy-ball", "shifted"):
+        e = e / (1.0 - np.asarray(beta, dtype=float))
+    return float(e) if np.ndim(e) == 0 else e
+
+
+def asymptote(tau, momentum: str = "none", beta=0.0):
+    """Large-τ approximation of :func:`edge` (raw ``η·λ`` units; P2 / PAPERS.md).
+
+    ``"none"``: ``π/(2τ+1)``; ``"heavy-ball"``: ``(1−β)π/(2τ)``; ``"dampened"``: ``π/(2τ)``;
+    ``"shifted"``: ``√(1−β²)·arccos(β)/(τ+1)``. The heavy-ball form needs
+    ``τ ≫ β/(1−β)`` (the momentum's memory): edge/asymptote is 0.966 at β = 0.9 and 0.868 at
+    β = 0.98 for τ = 256. Keeping the next order, the crossing sits at
+    ``θ ≈ (π/2)/(τ + ½ + β/(1−β))`` and the edge is ``≈ θ·√((1−β)² + βθ²)`` (within 1% at
+    β = 0.9, τ = 256). τ = 0 gives ``inf`` for heavy ball and dampened.
+    """
+    _check_kind(momentum)
+    t = np.asarray(tau, dtype=float)
+    b = np.asarray(beta, dtype=float)
+    with np.errstate(divide="ignore"):
+        if momentum == "none":
+            out = np.pi / (2 * t + 1) + 0 * b
+        elif momentum == "heavy-ball":
+            out = (1 - b) * np.pi / (2 * t)
+        elif momentum == "dampened":
+            out = np.pi / (2 * t) + 0 * b
+        else:
+            out = np.sqrt(1 - b**2) * np.arccos(b) / (t + 1)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def lr_for_delay(eta0, tau, rule: str = "stability-edge"):
+    """Learning rate for delay τ that keeps the synchronous set of reachable minima.
+
+    Rules (broadcast over ``eta0`` and ``tau``):
+
+    * ``"constant"``: ``η0`` (the failing baseline of P1-F3 / P2-F1).
+    * ``"inverse-staleness"``: ``η0 / max(τ, 1)`` (P1's ``α0/τ``).
+    * ``"stability-edge"``: ``η0 · sin(π/(4τ+2))`` (P2): since the plain edge is
+      ``η λ_max < 2 sin(π/(4τ+2))`` and synchronous training admits ``λ_max < 2/η0``,
+      this η admits exactly the same minima; it equals ``η0`` at τ = 0 and ``≈ η0·π/(4τ)``
+      for large τ.
+    """
+    t = np.asarray(tau, dtype=float)
+    e = np.asarray(eta0, dtype=float)
+    if np.any(t < 0):
+        raise ValueError("tau must be non-negative")
+    if rule == "constant":
+        out = e + 0 * t
+    elif rule == "inverse-staleness":
+        out = e / np.maximum(t, 1.0)
+    elif rule == "stability-edge":
+        # τ = 0: sin(π/2) = 1 → η0.
+        out = e * np.sin(np.pi / (4 * t + 2))
+    else:
+        raise ValueError(f"unknown rule {rule!r}; expected one of {LR_RULES}")
+    return float(out) if out.ndim == 0 else out
+
+
+def edge_table(taus, momenta=MOMENTUM_KINDS, betas=(0.0,)) -> pd.DataFrame:
+    """Edges for every (τ, momentum, β), one row each.
+
+    ``"none"`` does not depend on β, so it gets one row per τ with ``beta = 0.0`` (filter on
+    ``beta`` only for the momentum kinds).
+
+    Columns:
+        tau, momentum, beta;
+        edge: largest stable ``η·λ`` (:func:`edge`);
+        effective_edge: the same on the effective rate (:func:`effective_edge`), the scale on
+            which P2 compares momentum kinds;
+        asymptote: large-τ approximation of ``edge`` (:func:`asymptote`).
+    """
+    taus = np.asarray(taus, dtype=float).ravel()
+    frames = []
+    for kind in momenta:
+        kind_betas = (0.0,) if kind == "none" else tuple(betas)
+        bb, tt = np.meshgrid(np.asarray(kind_betas, dtype=float), taus, indexing="ij")
+        bb, tt = bb.ravel(), tt.ravel()
+        e = np.atleast_1d(edge(tt, kind, bb))
+        eff = e / (1.0 - bb) if kind in ("heavy-ball", "shifted") else e
+        frames.append(pd.DataFrame({
+            "tau": tt.astype(int),
+            "momentum": kind,
+            "beta": bb,
+            "edge": e,
+            "effective_edge": eff,
+            "asymptote": np.atleast_1d(asymptote(tt, kind, bb)),
+        }))
+    return pd.concat(frames, ignore_index=True)

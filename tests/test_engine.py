@@ -1,0 +1,253 @@
+"""Online driver and replay: equivalences, hand-checked numerics, determinism, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from asyncsim.core import param_hash
+from asyncsim.data import batch_indices
+from asyncsim.engine import Numerics
+from asyncsim.invariants import check_trace
+from asyncsim.online import load_params, run
+from asyncsim.replay import ReplayMemoryError, replay, replay_folder
+from asyncsim.scenario import load_scenario
+from asyncsim.trace import Trace
+
+TINY_DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
+TINY_MODEL = {"name": "mlp", "hidden": [16]}
+
+
+def tiny(**kw):
+    d = {"name": "tiny", "seed": 7, "model": TINY_MODEL, "data": TINY_DATA,
+         "cluster": {"learners": 3, "compute": {"dist": "lognormal", "mean": 1.0, "cv": 0.5}},
+         "protocol": {"kind": "async"},
+         "optimizer": {"lr": 0.05}, "run": {"updates": 12}}
+    for k, v in kw.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+    return load_scenario(d)
+
+
+@pytest.fixture(scope="module")
+def num_cache():
+    cache = {}
+
+    def get(scn):
+        key = (scn.seed, repr(scn.model), repr(scn.data), repr(scn.optimizer),
+               scn.cluster.learners, scn.protocol)
+        if key not in cache:
+            cache[key] = Numerics(scn)
+        return cache[key]
+
+    return get
+
+
+def test_one_learner_zero_delay_is_plain_sgd(num_cache):
+    scn = tiny(cluster={"learners": 1, "compute": {"dist": "constant", "value": 1.0}})
+    res = run(scn, numerics=num_cache(scn))
+    num = num_cache(scn)
+    # optax.sgd on the same batches (learner 0, batch k), from the same initial params.
+    params = num.init_params()
+    opt = optax.sgd(0.05)
+    state = opt.init(params)
+    vg = jax.jit(jax.value_and_grad(num.model.loss))
+    for k in range(12):
+        idx = batch_indices(scn.seed, 0, k, 8, 256)
+        _, g = vg(params, num.x_train[idx], num.y_train[idx])
+        upd, state = opt.update(g, state, params)
+        params = optax.apply_updates(params, upd)
+    assert res.summary["param_hash"] == param_hash(params)
+    assert not res.trace.staleness.any()
+
+
+def test_hardsync_is_sgd_with_batch_mu_lambda(num_cache):
+    scn = tiny(protocol={"kind": "hardsync"}, cluster={"learners": 4})
+    res = run(scn, numerics=num_cache(scn))
+    num = num_cache(scn)
+    params = num.init_params()
+    vg = jax.jit(jax.value_and_grad(num.model.loss))
+    for k in range(12):
+        idx = jnp.concatenate([batch_indices(scn.seed, l, k, 8, 256) for l in range(4)])
+        _, g = vg(params, num.x_train[idx], num.y_train[idx])  # one batch of mu * lambda
+        params = jax.tree_util.tree_map(lambda p, d: p - 0.05 * d, params, g)
+    got = res.params
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(params),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind,extra", [
+    ("async", {}), ("hardsync", {}), ("softsync", {"n": 1}), ("softsync", {"n": 3}),
+    ("ssp", {"s": 1}), ("fixed-delay", {"tau": 2}),
+])
+@pytest.mark.parametrize("momentum", ["none", "heavy-ball", "nesterov", "shifted"])
+def test_replay_equals_online(kind, extra, momentum, num_cache):
+    proto = {"kind": kind, **extra}
+    cluster = {} if kind == "fixed-delay" else {"learners": 3}
+    scn = tiny(protocol=proto, optimizer={"lr": 0.03, "lr_rule": "inverse-staleness",
+                                          "momentum": {"kind": momentum, "beta": 0.8}},
+               cluster=cluster)
+    if kind == "fixed-delay":
+        scn = load_scenario({**_raw(scn), "cluster": {"learners": 3}})
+    num = num_cache(scn)
+    online = run(scn, numerics=num)
+    check_trace(online.trace, scn)
+    again = replay(scn, online.trace, numerics=num)
+    assert again.summary["param_hash"] == online.summary["param_hash"]
+
+
+def _raw(scn):
+    from asyncsim.config import to_dict
+
+    d = to_dict(scn)
+    d.pop("source", None)
+    return d
+
+
+def test_replay_of_a_hand_written_trace_on_a_quadratic():
+    # Quadratic L(w) = 0.5 * sum_i h_i w_i^2, w0 = 1, gradient h * w (data ignored).
+    # Four updates by hand (async, alpha0/tau rule, lr 0.1), staleness 0, 1, 2, 1:
+    h = np.array([1.0, 4.0], np.float32)
+    scn = load_scenario({
+        "seed": 0, "model": {"name": "quadratic", "eigenvalues": [1.0, 4.0]},
+        "data": {"name": "gaussian", "dim": 2, "n_train": 16, "n_test": 4, "batch_size": 2},
+        "cluster": {"learners": 3}, "optimizer": {"lr": 0.1, "lr_rule": "inverse-staleness"},
+        "run": {"updates": 4}})
+    trace = Trace.from_columns(
+        {"learner": [0, 1, 2, 0], "batch": [0, 0, 0, 1], "read_version": [0, 0, 0, 2],
+         "apply_version": [0, 1, 2, 3], "staleness": [0, 1, 2, 1],
+         "t_pull": [0, 0, 0, 1], "t_push": [1, 1.5, 2, 3], "t_arrive": [1, 1.5, 2, 3],
+         "t_apply": [1, 1.5, 2, 3]},
+        {"version": [0, 1, 2, 3], "time": [1, 1.5, 2, 3], "n_grads": [1, 1, 1, 1],
+         "start": [0, 1, 2, 3]})
+    res = replay(scn, trace)
+    w = [np.ones(2, np.float32)]
+    w.append(w[0] - 0.1 * h * w[0])          # tau 0: alpha0
+    w.append(w[1] - 0.1 / 1 * h * w[0])      # tau 1: read v0
+    w.append(w[2] - 0.1 / 2 * h * w[0])      # tau 2: read v0
+    w.append(w[3] - 0.1 / 1 * h * w[2])      # tau 1: read v2
+    np.testing.assert_allclose(np.asarray(res.params["w"]), w[4], rtol=1e-6)
+    # 1 - 0.1 - 0.1 - 0.05 = 0.75; then - 0.1 * 0.8 = 0.67   (h = 1)
+    assert float(res.params["w"][0]) == pytest.approx(0.67, rel=1e-6)
+
+
+def test_same_scenario_same_param_hash(num_cache):
+    scn = tiny(protocol={"kind": "softsync", "n": 3})
+    a = run(scn, numerics=num_cache(scn))
+    b = run(scn, numerics=Numerics(scn))  # fresh jit caches too
+    assert a.summary["param_hash"] == b.summary["param_hash"]
+    assert a.summary["trace_hash"] == b.summary["trace_hash"]
+
+
+def test_divergence_is_recorded_not_a_crash(tmp_path):
+    scn = tiny(optimizer={"lr": 1e4}, run={"updates": 60})
+    res = run(scn, out=tmp_path / "div")
+    s = res.summary
+    assert s["diverged"] is True
+    assert 0 <= s["diverged_at"] < 60
+    assert (tmp_path / "div" / "summary.json").exists()
+    assert res.trace.num_updates < 60
+
+
+def test_replay_memory_bound_is_checked_before_allocating(num_cache):
+    scn = tiny(cluster={"learners": 3}, run={"updates": 30})
+    res = run(scn, numerics=num_cache(scn))
+    with pytest.raises(ReplayMemoryError, match="parameter versions"):
+        replay(scn, res.trace, numerics=num_cache(scn), max_memory=1000)
+
+
+def test_run_folder_and_replay_folder(tmp_path):
+    scn = tiny(run={"updates": 10, "eval_every": 5})
+    out = tmp_path / "run"
+    res = run(scn, out=out)
+    for f in ("scenario.toml", "trace_grads.parquet", "trace_updates.parquet", "eval.csv",
+              "updates.parquet", "summary.json", "provenance.json", "params.npz"):
+        assert (out / f).exists(), f
+    assert list(res.evals["version"]) == [0, 5, 10]
+    again = replay_folder(out)
+    assert again.summary["param_hash"] == res.summary["param_hash"]
+    p = load_params(out, res.params)
+    assert param_hash(p) == res.summary["param_hash"]
+
+
+SCRIPT = """
+import sys
+from asyncsim.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_gives_the_same_hash(tmp_path):
+    scn_file = tmp_path / "s.toml"
+    scn_file.write_text("""
+name = "resume"
+seed = 3
+[model]
+name = "mlp"
+hidden = [16]
+[data]
+name = "synthetic-cifar"
+batch_size = 8
+n_train = 256
+n_test = 64
+[cluster]
+learners = 3
+compute = { dist = "exponential", mean = 1.0 }
+[protocol]
+kind = "softsync"
+n = 3
+[optimizer]
+lr = 0.05
+momentum = { kind = "heavy-ball", beta = 0.9 }
+[run]
+updates = 400
+checkpoint_every = 20
+""")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    full = tmp_path / "full"
+    subprocess.run([sys.executable, "-c", SCRIPT, "run", str(scn_file), "--out", str(full),
+                    "--quiet"], check=True, env=env)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "run", str(scn_file), "--out",
+                             str(killed), "--quiet"], env=env)
+    deadline = time.time() + 120
+    rng = np.random.default_rng()
+    wait_more = rng.uniform(0.0, 1.5)
+    while not (killed / "checkpoint.npz").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(wait_more)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if (killed / "summary.json").exists():
+        pytest.skip("the run finished before it could be killed")
+    r = subprocess.run([sys.executable, "-c", SCRIPT, "run", "--resume", str(killed),
+                        "--quiet"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    a = json.loads((full / "summary.json").read_text())
+    b = json.loads((killed / "summary.json").read_text())
+    assert a["param_hash"] == b["param_hash"]
+    assert a["trace_hash"] == b["trace_hash"]
+
+
+def test_unfinished_folder_needs_resume(tmp_path):
+    from asyncsim.runs import RunFolderError
+
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "scenario.toml").write_text("name = 'x'\n")
+    with pytest.raises(RunFolderError, match="--resume"):
+        run(tiny(), out=out)
+    assert Path(out / "scenario.toml").exists()
