@@ -43,7 +43,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="simulate with real gradients (online driver)")
     _add_scenario_args(p, optional=True)
     p.add_argument("--resume", metavar="DIR", help="continue an unfinished run folder")
+    p.add_argument("--ray", action="store_true",
+                   help="run the sweep's points as Ray tasks (local Ray unless --address)")
+    p.add_argument("--address", help="join this Ray cluster (with --ray)")
+    p.add_argument("--no-figure", action="store_true", help="do not draw the scenario's figure")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("real", help="a real distributed run on Ray (learner and PS actors)")
+    _add_scenario_args(p, optional=True)
+    p.add_argument("--address", help="join an existing Ray cluster (default: start a local one)")
+    p.add_argument("--resume", metavar="DIR", help="continue a real run from its checkpoint")
+    p.set_defaults(func=cmd_real)
+
+    p = sub.add_parser("calibrate",
+                       help="fit timing models to a real run's trace; write a scenario")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="scenario to write (default: RUN_DIR/calibrated.toml)")
+    p.add_argument("--kind", choices=("empirical", "parametric"), default="empirical")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("compare", help="compare two runs' staleness distributions")
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--figure", metavar="PNG", help="draw both distributions")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("replay", help="re-execute a recorded trace with the update core")
     p.add_argument("run_dir")
@@ -66,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", help="figure names (default: all)")
     p.add_argument("--runs", default="runs", help="folder holding the run folders")
     p.add_argument("--out", default="figures")
+    p.add_argument("--profile", choices=("smoke", "default", "paper"), default=None,
+                   help="draw from the runs of this profile (runs/NAME-PROFILE)")
     p.set_defaults(func=cmd_figures)
     return ap
 
@@ -93,6 +118,8 @@ def cmd_trace(args) -> int:
     from asyncsim.api import trace_run
 
     scn = _load(args)
+    if scn.sweep:
+        return _sweep(args, scn, trace_only=True)
     out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
     t0 = time.perf_counter()
     result = trace_run(scn, out, force=args.force, progress=not args.quiet)
@@ -116,14 +143,24 @@ def cmd_run(args) -> int:
         out = Path(args.resume)
     else:
         scn = _load(args)
+        if scn.sweep:
+            return _sweep(args, scn, trace_only=scn.run.trace_only)
         out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
     result = run(scn, out=out, resume=bool(args.resume), force=args.force,
                  progress=not args.quiet, profile=args.profile)
     if not args.quiet:
         print(f"run folder: {out}")
-        _print_summary(result.summary, ["updates", "gradients", "sim_time", "staleness_mean",
-                                        "staleness_max", "final_test_error", "diverged",
-                                        "wall_time", "param_hash"])
+        _print_summary(result.summary, ["updates", "gradients", "epochs", "sim_time",
+                                        "staleness_mean", "staleness_max", "final_test_error",
+                                        "diverged", "wall_time", "param_hash"])
+    fig = scn.figure.get("name")
+    if fig and not args.no_figure:
+        from asyncsim.figures import draw_figure
+
+        default = args.profile in (None, "default") and not args.out and not args.resume
+        for path in draw_figure(fig, out, "figures" if default else out):
+            if not args.quiet:
+                print(f"figure: {path}")
     return 0
 
 
@@ -147,7 +184,53 @@ def cmd_stability(args) -> int:
 def cmd_figures(args) -> int:
     from asyncsim.figures import draw_figures
 
-    draw_figures(args.names, runs_dir=args.runs, out=args.out)
+    for path in draw_figures(args.names, runs_dir=args.runs, out=args.out,
+                             profile=args.profile):
+        print(path)
+    return 0
+
+
+def cmd_real(args) -> int:
+    from asyncsim.real import real_command
+
+    return real_command(args)
+
+
+def cmd_calibrate(args) -> int:
+    from asyncsim.real import calibrate_command
+
+    return calibrate_command(args)
+
+
+def cmd_compare(args) -> int:
+    from asyncsim.real import compare_command
+
+    return compare_command(args)
+
+
+def _sweep(args, scn, *, trace_only: bool) -> int:
+    """A scenario with [sweep]: run the missing points, write index.csv, draw its figure."""
+    from asyncsim.figures import draw_figure
+    from asyncsim.sweep import run_sweep
+
+    out = Path(args.out) if args.out else Path("runs") / (
+        scn.name + ("" if args.profile in (None, "default") else f"-{args.profile}"))
+    executor = None
+    if getattr(args, "ray", False):
+        from asyncsim.real import ray_executor
+
+        executor = ray_executor(address=args.address)
+    index = run_sweep(scn, out, force=args.force, progress=not args.quiet, executor=executor,
+                      trace_only=trace_only)
+    if not args.quiet:
+        cols = [c for c in index.columns if c not in ("folder", "param_hash", "trace_hash")]
+        print(index[cols].to_string(index=False))
+        print(f"sweep index: {out / 'index.csv'}")
+    fig = scn.figure.get("name")
+    if fig and not getattr(args, "no_figure", False):
+        default = args.profile in (None, "default") and not args.out
+        for path in draw_figure(fig, out, "figures" if default else out / "figures"):
+            print(f"figure: {path}")
     return 0
 
 

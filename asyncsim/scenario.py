@@ -308,12 +308,38 @@ def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- sweeps
 def sweep_points(scn: Scenario) -> list[dict[str, Any]]:
-    """The cartesian product of ``scn.sweep`` as a list of {dotted key: value} (sorted keys)."""
+    """The cartesian product of ``scn.sweep`` as a list of {dotted key: value} (sorted keys).
+
+    Zipped keys: a sweep entry with a plain (undotted) name whose list holds tables is one
+    axis of explicit settings that vary together (coupled keys, e.g. learners and batch size);
+    each table maps dotted keys to values, and the entry's own name is only a label. (A dotted
+    entry such as ``"cluster.compute"`` whose values are tables is an ordinary axis.)::
+
+        [sweep]
+        setup = [{ "cluster.learners" = 1, "data.batch_size" = 128 },
+                 { "cluster.learners" = 2, "data.batch_size" = 64 }]
+        seed = [0, 1]
+
+    The tables' keys are merged into the point (so the index has ordinary columns); a key a
+    table leaves out keeps the scenario's value.
+    """
     if not scn.sweep:
         return []
     keys = sorted(scn.sweep)
-    return [dict(zip(keys, combo, strict=True)) for combo in
-            itertools.product(*(scn.sweep[k] for k in keys))]
+    out = []
+    for combo in itertools.product(*(scn.sweep[k] for k in keys)):
+        point: dict[str, Any] = {}
+        for k, v in zip(keys, combo, strict=True):
+            if isinstance(v, Mapping) and "." not in k:
+                for kk, vv in v.items():
+                    if kk in point:
+                        raise ScenarioError(f"sweep.{k}", f"sets {kk!r}, also set by another "
+                                            "sweep entry")
+                    point[kk] = vv
+            else:
+                point[k] = v
+        out.append(point)
+    return out
 
 
 def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:

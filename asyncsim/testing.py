@@ -9,6 +9,9 @@ milliseconds::
 
     @given(scenarios(kinds=["softsync"], max_learners=8))
     def test_staleness_bounded(scn): ...
+
+``check_trace(trace, scenario)`` raises with a clear message on any violated invariant of a
+trace (staleness, ordering, protocol rules); asyncsim's own property tests use it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from hypothesis.errors import InvalidArgument
 
 from asyncsim.config import ClusterConfig, ProtocolConfig, Scenario, from_dict
 
-__all__ = ["clusters", "delay_specs", "protocols", "scenarios"]
+__all__ = [
+    "TraceInvariantError",
+    "check_trace",
+    "clusters",
+    "delay_specs",
+    "protocols",
+    "scenarios",
+]
 
 # --- strategies ---
 
@@ -263,4 +273,6 @@ def scenarios(
 
 
 # --- trace checks ---
-# (``check_trace(trace, scenario)`` goes here.)
+# ``check_trace(trace, scenario)`` raises TraceInvariantError (an AssertionError) naming the
+# violated invariant and the first offending row; see asyncsim/invariants.py for the list.
+from asyncsim.invariants import TraceInvariantError, check_trace  # noqa: E402

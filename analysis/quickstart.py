@@ -1,0 +1,51 @@
+"""The quickstart figure: test error vs simulated time, and the staleness histogram.
+
+Reads one run folder (``eval.csv``, the trace, ``summary.json``); never reruns anything.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from asyncsim.trace import Trace  # noqa: E402
+
+NAME = "quickstart"
+
+
+def draw(run_dir: Path, out_dir: Path) -> list[Path]:
+    evals = pd.read_csv(run_dir / "eval.csv")
+    trace = Trace.load(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    scn = tomllib.loads((run_dir / "scenario.toml").read_text())
+    hist = trace.staleness_histogram()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a.plot(evals["sim_time"], evals["test_error"], marker="o", ms=3)
+    a.set_xlabel("simulated time")
+    a.set_ylabel("test error")
+    a.set_ylim(0, 1)
+    a.grid(alpha=0.3)
+    b.bar(hist["staleness"], hist["freq"])
+    b.set_xlabel("staleness τ")
+    b.set_ylabel("fraction of gradients")
+    b.set_title(f"mean {summary['staleness_mean']:.2f}, max {summary['staleness_max']}",
+                fontsize=9)
+    proto = scn["protocol"]
+    fig.suptitle(
+        f"{scn['name']}: {scn['cluster']['learners']} learners, {proto['kind']}"
+        f"{' n=' + str(proto['n']) if 'n' in proto else ''}, lr rule "
+        f"{scn['optimizer']['lr_rule']}, {scn['model']['name']} on {scn['data']['name']} "
+        f"({summary['epochs']:.1f} epochs, seed {scn['seed']})", fontsize=8)
+    fig.tight_layout()
+    png, csv = out_dir / f"{NAME}.png", out_dir / f"{NAME}.csv"
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    evals.to_csv(csv, index=False)
+    return [png, csv]

@@ -1,0 +1,170 @@
+"""Sweeps: one scenario, a grid of overrides, one run folder per point plus an index table.
+
+``[sweep]`` in a scenario maps dotted keys to lists; the cartesian product is run::
+
+    [sweep]
+    "protocol.n" = [1, 2, 4, 30]
+    "optimizer.lr_rule" = ["constant", "inverse-staleness"]
+    seed = [0, 1, 2]
+
+Points whose scenarios differ only in numerics (``optimizer.*``) share their timing, so one
+trace is simulated per timing group and each point is an exact replay of it
+(:mod:`asyncsim.replay`); ``index.csv`` says which points shared a trace (``trace_group``).
+A point whose folder is already complete is not run again, so an interrupted sweep resumes
+where it stopped, and ``asyncsim run`` of a figure scenario "runs what is missing".
+
+Layout::
+
+    OUT/index.csv        one row per point: its keys, folder, trace_group, status, headline
+    OUT/p000/ ...        a run folder per point (asyncsim.runs)
+    OUT/trace_g00/       the shared timing of a group (trace only)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from asyncsim import runs
+from asyncsim.config import Scenario, to_dict
+from asyncsim.scenario import apply_point, sweep_points
+
+INDEX = "index.csv"
+HEADLINE = ("final_test_error", "final_train_loss", "diverged", "diverged_at",
+            "staleness_mean", "staleness_max", "sim_time", "updates", "gradients", "epochs",
+            "param_hash", "trace_hash", "wall_time")
+
+
+def timing_key(scn: Scenario) -> str:
+    """What fixes a scenario's timeline: everything but its numerics (optimizer, name)."""
+    d = to_dict(scn)
+    for k in ("optimizer", "name", "description", "figure", "source", "sweep"):
+        d.pop(k, None)
+    run = dict(d.get("run", {}))
+    for k in ("eval_every", "eval_samples", "checkpoint_every"):
+        run.pop(k, None)
+    d["run"] = run
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def plan(scn: Scenario) -> list[dict[str, Any]]:
+    """The sweep's points: ``{"point", "keys", "scenario", "group"}`` in a fixed order."""
+    points = sweep_points(scn) or [{}]
+    groups: dict[str, int] = {}
+    out = []
+    for i, p in enumerate(points):
+        s = apply_point(scn, p) if p else scn
+        s = dataclasses.replace(s, sweep={}, source=scn.source)
+        g = groups.setdefault(timing_key(s), len(groups))
+        out.append({"point": f"p{i:03d}", "keys": p, "scenario": s, "group": g})
+    return out
+
+
+def _run_point(item: Mapping[str, Any], folder: Path, shared_trace, *, progress: bool):
+    """Run one point: replay of the group's trace when it is shared, else an online run."""
+    from asyncsim.online import run
+    from asyncsim.replay import replay
+
+    scn = item["scenario"]
+    if shared_trace is not None:
+        return replay(scn, shared_trace, out=folder, force=True, progress=progress,
+                      kind="run").summary
+    return run(scn, out=folder, force=True, progress=progress).summary
+
+
+Executor = Callable[[list[Callable[[], dict[str, Any]]]], list[dict[str, Any]]]
+
+
+def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: bool = False,
+              executor: Executor | None = None, share_traces: bool = True,
+              trace_only: bool = False) -> pd.DataFrame:
+    """Run every point of ``scn``'s sweep that is not complete yet; write ``OUT/index.csv``.
+
+    Args:
+        executor: runs a list of zero-argument jobs and returns their summaries in order
+            (default: one after another here; ``asyncsim.real.ray_executor`` runs them as
+            Ray tasks). Results are identical either way.
+        share_traces: replay one simulated trace per timing group (exact; faster).
+        trace_only: timing only (for staleness studies): no gradients at all.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    items = plan(scn)
+    by_group: dict[int, list[dict[str, Any]]] = {}
+    for it in items:
+        by_group.setdefault(it["group"], []).append(it)
+    jobs: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
+    for g, members in by_group.items():
+        todo = [it for it in members if force or not runs.is_complete(out / it["point"])]
+        if not todo:
+            continue
+        if trace_only:
+
+            for it in todo:
+                jobs.append((it, _trace_job(it, out / it["point"])))
+            continue
+        shared = share_traces and len(members) > 1
+        trace = _group_trace(members[0]["scenario"], out / f"trace_g{g:02d}") if shared else None
+        for it in todo:
+            jobs.append((it, _job(it, out / it["point"], trace, progress)))
+    if jobs:
+        results = (executor or _local)([j for _, j in jobs])
+        del results  # summaries are read back from the folders below (one source of truth)
+    rows = []
+    for it in items:
+        folder = out / it["point"]
+        row: dict[str, Any] = {"point": it["point"], **it["keys"], "folder": str(folder),
+                               "trace_group": it["group"],
+                               "shared_trace": share_traces and not trace_only
+                               and len(by_group[it["group"]]) > 1}
+        if runs.is_complete(folder):
+            s = runs.read_summary(folder)
+            row["status"] = "complete"
+            row.update({k: s.get(k) for k in HEADLINE if k in s})
+        else:
+            row["status"] = "missing"
+        rows.append(row)
+    index = pd.DataFrame(rows)
+    runs.atomic_write_text(out / INDEX, index.to_csv(index=False))
+    return index
+
+
+def _job(it, folder, trace, progress):
+    def job():
+        return _run_point(it, folder, trace, progress=progress)
+    return job
+
+
+def _trace_job(it, folder):
+    def job():
+        from asyncsim.api import trace_run
+
+        return trace_run(it["scenario"], folder, force=True).summary
+    return job
+
+
+def _local(jobs: Sequence[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [j() for j in jobs]
+
+
+def _group_trace(scn: Scenario, folder: Path):
+    """The shared timing of a group: simulated once, saved, reused on a resumed sweep."""
+    from asyncsim.api import trace_run
+    from asyncsim.trace import Trace
+
+    if runs.is_complete(folder):
+        return Trace.load(folder)
+    return trace_run(scn, folder, force=True).trace
+
+
+def read_index(out: str | Path) -> pd.DataFrame:
+    """A sweep's index table (raises FileNotFoundError naming the folder if absent)."""
+    path = Path(out) / INDEX
+    if not path.exists():
+        raise FileNotFoundError(f"{out}: no {INDEX}; run the sweep first")
+    return pd.read_csv(path)

@@ -1,0 +1,76 @@
+"""Trace-only throughput vs a bare SimPy loop of the same shape (issue: foundation, speed).
+
+Measures, side by side in one process:
+  * asyncsim: lambda = 100 learners, async, exponential compute times, trace recorded;
+  * bare: 100 SimPy processes that each loop ``yield env.timeout(rng.exponential())`` and
+    count, with no protocol, no trace, no run folder;
+and reports gradient events per second and their ratio (target >= 0.5), then times the
+lambda = 1000 x 1,000,000-gradient run (target < 60 s on 2 cores).
+
+    python benchmarks/bench_trace.py [--events 200000] [--big 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import simpy
+
+from asyncsim.api import simulate
+from asyncsim.scenario import load_scenario
+
+
+def bare(learners: int, events: int, seed: int = 0) -> float:
+    env = simpy.Environment()
+    rngs = [np.random.default_rng([seed, i]) for i in range(learners)]
+    state = {"n": 0}
+    done = env.event()
+
+    def learner(i):
+        rng = rngs[i]
+        while True:
+            yield env.timeout(rng.exponential(1.0))
+            state["n"] += 1
+            if state["n"] == events and not done.triggered:
+                done.succeed()
+
+    for i in range(learners):
+        env.process(learner(i))
+    t0 = time.perf_counter()
+    env.run(until=done)
+    return time.perf_counter() - t0
+
+
+def ours(learners: int, events: int) -> float:
+    scn = load_scenario({"cluster": {"learners": learners,
+                                     "compute": {"dist": "exponential", "mean": 1.0}},
+                         "protocol": {"kind": "async"}, "run": {"gradients": events}})
+    t0 = time.perf_counter()
+    trace = simulate(scn)
+    dt = time.perf_counter() - t0
+    assert trace.num_gradients == events
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--big", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    tb = min(bare(100, a.events) for _ in range(a.repeat))
+    to = min(ours(100, a.events) for _ in range(a.repeat))
+    print(f"lambda=100 async exponential, {a.events:,} gradient events (best of {a.repeat}):")
+    print(f"  bare SimPy loop : {a.events / tb:>12,.0f} events/s  ({tb:.2f} s)")
+    print(f"  asyncsim trace  : {a.events / to:>12,.0f} events/s  ({to:.2f} s)")
+    print(f"  ratio asyncsim/bare = {tb / to:.2f}   (target >= 0.5)")
+    if a.big:
+        t = ours(1000, a.big)
+        print(f"lambda=1000 x {a.big:,} gradients: {t:.1f} s "
+              f"({a.big / t:,.0f} events/s; target < 60 s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The CLI: invalid input exits 2 with one line naming file, key and what is allowed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from asyncsim.cli import main
+
+GOOD = """
+name = "ok"
+seed = 1
+[cluster]
+learners = 4
+compute = { dist = "exponential", mean = 1.0 }
+[protocol]
+kind = "softsync"
+n = 2
+[run]
+updates = 50
+"""
+
+
+def write(tmp_path, text, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("text,key,allowed", [
+    ("bogus = 1\n" + GOOD, "bogus", "allowed here: name"),
+    (GOOD + "\nbogus = 1\n", "run.bogus", "allowed here: updates"),
+    (GOOD.replace("learners = 4", "learners = \"four\""), "cluster.learners", "an integer"),
+    (GOOD.replace("n = 2", "n = 12"), "protocol.n", "1..4"),
+    (GOOD.replace("mean = 1.0", "mean = -1.0"), "cluster.compute.mean", "positive"),
+    (GOOD + "\n[optimizer]\nlr = nan\n", "optimizer.lr", "NaN"),
+    (GOOD.replace('"exponential"', '"gama"'), "cluster.compute.dist", "allowed: "),
+    (GOOD.replace('"softsync"', '"sofsync"'), "protocol.kind", "allowed: async"),
+    (GOOD.replace("updates = 50", "updates = -5"), "run.updates", "positive"),
+    (GOOD + "\n[cluster.network.push]\nbandwidth = 0.0\n", "cluster.network.push.bandwidth",
+     "positive"),
+    (GOOD.replace("[run]", "[run]\ngradients = 4"), "run.", "one run length"),
+    (GOOD + "\n[model]\nname = \"mlp\"\nwidth = 3\n", "model.width", "allowed: name"),
+    (GOOD.replace('kind = "softsync"\nn = 2', 'kind = "fixed-delay"\ntau = 2'),
+     "cluster.learners", "tau + 1 = 3"),
+    (GOOD.replace('kind = "softsync"\nn = 2', 'kind = "ssp"'), "protocol.s", "needs s"),
+    (GOOD + "\n[profiles.fast.run]\nupdates = 3\n", "profiles.fast", "smoke, default, paper"),
+])
+def test_invalid_scenarios_exit_2_with_one_line(tmp_path, capsys, text, key, allowed):
+    path = write(tmp_path, text)
+    out = tmp_path / "run"
+    code = main(["trace", str(path), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert str(path) in err and key in err and allowed in err, err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_unreadable_files(tmp_path, capsys):
+    assert main(["trace", str(tmp_path / "missing.toml")]) == 2
+    assert "missing.toml: no such file" in capsys.readouterr().err
+    bad = write(tmp_path, "name = [unclosed\n")
+    assert main(["trace", str(bad)]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+    binary = tmp_path / "b.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["trace", str(binary)]) == 2
+    assert "b.toml" in capsys.readouterr().err
+
+
+def test_console_script_exit_status_and_single_line(tmp_path):
+    path = write(tmp_path, GOOD.replace("n = 2", "n = 0"))
+    r = subprocess.run([sys.executable, "-m", "asyncsim.cli", "trace", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0
+    assert "protocol.n" in r.stderr and "1..4" in r.stderr
+
+
+def test_trace_writes_the_run_folder(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    out = tmp_path / "run"
+    assert main(["trace", str(path), "--out", str(out), "--set", "protocol.n=4",
+                 "--seed", "5"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for k in ("gradients", "updates", "sim_time", "staleness_mean", "staleness_max",
+              "staleness_p99", "trace_hash"):
+        assert k in summary
+    assert summary["updates"] == 50 and summary["gradients"] == 50
+    resolved = tomllib.loads((out / "scenario.toml").read_text())
+    assert resolved["protocol"]["n"] == 4 and resolved["seed"] == 5
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["seed"] == 5 and "versions" in prov and "git_revision" in prov
+    # A complete folder is not overwritten silently.
+    assert main(["trace", str(path), "--out", str(out)]) == 2
+    assert "already holds a complete run" in capsys.readouterr().err
+    # The same scenario and seed give the same trace hash.
+    out2 = tmp_path / "run2"
+    assert main(["trace", str(path), "--out", str(out2), "--set", "protocol.n=4",
+                 "--seed", "5", "--quiet"]) == 0
+    assert json.loads((out2 / "summary.json").read_text())["trace_hash"] == summary["trace_hash"]
+
+
+def test_override_errors_name_the_key(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    assert main(["trace", str(path), "--set", "protocol.q=3"]) == 2
+    assert "protocol.q: unknown key" in capsys.readouterr().err
+    assert main(["trace", str(path), "--set", "novalue"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_trace_sweep_and_figure(tmp_path):
+    from pathlib import Path
+
+    scn = Path(__file__).resolve().parent.parent / "scenarios" / "p1_f1_staleness.toml"
+    out = tmp_path / "f1"
+    assert main(["run", str(scn), "--profile", "smoke", "--out", str(out), "--quiet"]) == 0
+    assert (out / "index.csv").exists()
+    assert (out / "figures" / "p1_f1_staleness.png").exists()
+    assert (out / "figures" / "p1_f1_staleness.csv").exists()
+    # Figures redraw from existing runs only.
+    assert main(["figures", "p1_f1_staleness", "--runs", str(tmp_path / "nothing")]) == 2
