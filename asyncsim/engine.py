@@ -81,6 +81,7 @@ class _Shared:
             idx = batch_indices(seed, learner, batch, mu, n)
             return vg(params, x_all[idx], y_all[idx])
 
+        self.one = one
         self.grad_one = jax.jit(one)
         self.grad_group = jax.jit(jax.vmap(one, in_axes=(None, None, None, 0, 0)))
 
@@ -92,6 +93,7 @@ class _Shared:
         def eval_batch(params, x, y):
             return model.loss(params, x, y), model.error(params, x, y)
 
+        self.eval_batch_raw = eval_batch
         self.eval_batch = jax.jit(eval_batch)
 
 
@@ -158,6 +160,7 @@ class Numerics:
         self._grad_one = shared.grad_one
         self._grad_group = shared.grad_group
         self._eval_batch = shared.eval_batch
+        self._shared = shared
         self._stack = shared.stack
         core_apply = self.core.apply
 
@@ -166,6 +169,27 @@ class Numerics:
                               step=step)
 
         self._apply = jax.jit(apply)
+        grad_one_raw = shared.one
+
+        def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
+            # One dispatch per single-gradient update (async, ssp, fixed-delay, lambda-
+            # softsync): gradient and PS update in one compiled call.
+            loss, g = grad_one_raw(params_r, x_all, y_all, learner, batch)
+            g = jax.tree_util.tree_map(lambda a: a[None], g)
+            st = core_apply(state, g, staleness=staleness[None], learner_ids=learner[None],
+                            step=step)
+            return st, loss[None]
+
+        self._fused1_raw = fused1
+        self._fused1 = jax.jit(fused1)
+
+        def stack_apply(state, grads_list, staleness, learner_ids, step):
+            grads = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *grads_list)
+            return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
+                              step=step)
+
+        self._stack_apply_raw = stack_apply
+        self._stack_apply = jax.jit(stack_apply)
 
     # ------------------------------------------------------------------ state
     def init_params(self):
@@ -208,7 +232,23 @@ class Numerics:
 
     def update(self, state: CoreState, versions: dict[int, Any], version: int,
                rows: Sequence[Row]) -> tuple[CoreState, jax.Array]:
-        """Apply PS update ``version`` taking ``rows``; returns the new state and batch losses."""
+        """Apply PS update ``version`` taking ``rows``; returns the new state and batch losses.
+
+        Every driver executes updates through this method, so the same rows give the same
+        compiled calls and bit-identical results online, in replay and on Ray.
+        """
+        if len(rows) == 1:
+            (l, b, r, tau), = rows
+            return self._fused1(state, versions[r], self.x_train, self.y_train, np.int32(l),
+                                np.int32(b), np.int32(tau), np.int32(version))
+        if self.grouping == "none":
+            outs = [self._grad_one(versions[r], self.x_train, self.y_train,
+                                   np.int32(l), np.int32(b)) for l, b, r, _ in rows]
+            staleness = np.asarray([row[3] for row in rows], np.int32)
+            learners = np.asarray([row[0] for row in rows], np.int32)
+            state = self._stack_apply(state, tuple(o[1] for o in outs), staleness, learners,
+                                      np.int32(version))
+            return state, jnp.stack([o[0] for o in outs])
         losses, grads = self.gradients(versions, rows)
         staleness = np.asarray([row[3] for row in rows], np.int32)
         learners = np.asarray([row[0] for row in rows], np.int32)

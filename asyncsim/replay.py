@@ -162,3 +162,182 @@ def replay_many(scn: Scenario, trace: Trace, points: Sequence[Mapping[str, Any]]
     """Replay one trace under several numeric settings, sharing model, data and jit cache."""
     num = Numerics(scn)
     return [replay(scn, trace, numerics=num, hyper=p, **kw) for p in points]
+
+
+# ----------------------------------------------------------------------------- vmapped sweeps
+VMAP_KEYS = ("optimizer.lr", "optimizer.momentum.beta", "optimizer.weight_decay")
+_HYPER = {"optimizer.lr": "lr", "optimizer.momentum.beta": "beta",
+          "optimizer.weight_decay": "weight_decay"}
+
+
+def hyper_of(point: Mapping[str, Any]) -> dict[str, float] | None:
+    """The core hyperparameters a sweep point sets, or None if it varies anything else."""
+    if not all(k in _HYPER for k in point):
+        return None
+    return {_HYPER[k]: float(v) for k, v in point.items()}
+
+
+def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
+                   numerics: Numerics | None = None, outs: Sequence[Path | None] | None = None,
+                   max_memory: int = DEFAULT_MAX_MEMORY) -> list[RunResult]:
+    """Replay one trace under several (lr, beta, weight_decay) settings in one program.
+
+    The core state carries its hyperparameters (``CoreState.hyper``), so the P settings are
+    a leading axis of the state and each update is one vmapped call for all of them: on a
+    small model this removes P−1 of every P dispatches. Each point's result equals its own
+    :func:`replay` up to floating-point reassociation under vmap (tested to 1e-5).
+    """
+    num = numerics or Numerics(scn)
+    P = len(hypers)
+    shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
+    need = replay_memory(trace, num_params(shapes) * P)
+    if need["bytes"] > max_memory:
+        raise ReplayMemoryError(f"a vmapped replay of {P} points holds {need['versions']} "
+                                f"versions x {P}: {need['bytes'] / 2**20:.1f} MiB > "
+                                f"{max_memory / 2**20:.1f} MiB (max_memory)")
+    t0 = time.perf_counter()
+    tm = jax.tree_util.tree_map
+    p0 = num.init_params()
+    states = [num.core.init(p0, **dict(h)) for h in hypers]
+    state = tm(lambda *a: jax.numpy.stack(a), *states)
+    f1 = jax.jit(jax.vmap(num._fused1_raw, in_axes=(0, 0, None, None, None, None, None, None)))
+    grad_v = jax.jit(jax.vmap(num._shared.one, in_axes=(0, None, None, None, None)))
+    apply_v = jax.jit(jax.vmap(num._stack_apply_raw, in_axes=(0, 0, None, None, None)))
+    eval_v = jax.jit(jax.vmap(num._shared.eval_batch_raw, in_axes=(0, None, None)))
+    x, y = num.x_train, num.y_train
+    r = scn.run
+    versions = {0: state.params}
+    alive = _Alive(last_use(trace))
+    g, u = trace.grads, trace.updates
+    learner, batch = g["learner"].tolist(), g["batch"].tolist()
+    read, stale = g["read_version"].tolist(), g["staleness"].tolist()
+    starts, counts, times = u["start"].tolist(), u["n_grads"].tolist(), u["time"].tolist()
+    pending: list[jax.Array] = []
+    evals: list[list] = [[] for _ in range(P)]
+    applied = 0
+
+    def evaluate(version: int, now: float) -> None:
+        n = num.x_test.shape[0] if r.eval_samples is None else min(r.eval_samples,
+                                                                   num.x_test.shape[0])
+        tot_l = np.zeros(P)
+        tot_e = np.zeros(P)
+        for s0 in range(0, n, 1000):
+            e = min(s0 + 1000, n)
+            loss, err = eval_v(state.params, num.x_test[s0:e], num.y_test[s0:e])
+            tot_l += np.asarray(loss, np.float64) * (e - s0)
+            tot_e += np.asarray(err, np.float64) * (e - s0)
+        for k in range(P):
+            evals[k].append((version, applied, now, tot_l[k] / max(n, 1), tot_e[k] / max(n, 1)))
+
+    evaluate(0, 0.0)
+    for v in range(trace.num_updates):
+        s0, c = starts[v], counts[v]
+        alive.v = v
+        if c == 1:
+            state, losses = f1(state, versions[read[s0]], x, y, np.int32(learner[s0]),
+                               np.int32(batch[s0]), np.int32(stale[s0]), np.int32(v))
+        else:
+            outs_ = [grad_v(versions[read[i]], x, y, np.int32(learner[i]), np.int32(batch[i]))
+                     for i in range(s0, s0 + c)]
+            state = apply_v(state, tuple(o[1] for o in outs_),
+                            np.asarray(stale[s0:s0 + c], np.int32),
+                            np.asarray(learner[s0:s0 + c], np.int32), np.int32(v))
+            losses = jax.numpy.stack([o[0] for o in outs_], axis=1)
+        applied += c
+        pending.append(losses)
+        versions[v + 1] = state.params
+        for k in [k for k in versions if k != v + 1 and k not in alive]:
+            del versions[k]
+        if r.eval_every and (v + 1) % r.eval_every == 0:
+            evaluate(v + 1, times[v])
+    losses_all = np.asarray(jax.device_get(jax.numpy.concatenate(
+        [lo.reshape(P, -1) for lo in pending], axis=1))) if pending else np.zeros((P, 0))
+    wall = time.perf_counter() - t0
+    results = []
+    for k in range(P):
+        st_k = tm(lambda a, k=k: a[k], state)
+        rec = _recorder_from(losses_all[k], counts, evals[k], num)
+        out = outs[k] if outs is not None else None
+        folder = runs.prepare(out, force=True) if out is not None else None
+        if folder is not None:
+            scn_k = _with_hyper(scn, hypers[k])
+            runs.write_scenario(folder, scn_k)
+            runs.write_provenance(folder, scn_k, replay_of=trace.meta.get("source"),
+                                  vmapped_points=P)
+        else:
+            scn_k = scn
+        d = Driver(scn_k, num, folder=folder, start=(0, st_k, {}, rec, {"grads_applied":
+                                                                          trace.num_gradients}))
+        bad = rec.flush()
+        d.diverged_at = bad if bad is not None else _first_bad(rec.losses)
+        res = d.finish(trace, t0, kind="run")
+        res.summary["wall_time"] = wall / P
+        res.summary["vmapped_points"] = P
+        if folder is not None:
+            runs.write_summary(folder, res.summary)
+        results.append(res)
+    return results
+
+
+def _first_bad(losses: list[np.ndarray]) -> int | None:
+    for i, lo in enumerate(losses):
+        if not np.all(np.isfinite(lo)):
+            return i
+    return None
+
+
+def _recorder_from(flat_losses: np.ndarray, counts: Sequence[int], evals, num: Numerics):
+    from asyncsim.engine import EvalRecord
+    from asyncsim.online import _Recorder
+
+    rec = _Recorder()
+    pos = 0
+    for c in counts:
+        rec.losses.append(flat_losses[pos:pos + c])
+        pos += c
+    rec.pending_base = len(rec.losses)
+    eval_every = max(num.scn.run.eval_every, 1)
+    for version, applied, now, loss, err in evals:
+        recent = rec.losses[max(version - eval_every, 0):version]
+        train = float(np.mean(np.concatenate(recent))) if recent else float("nan")
+        rec.evals.append(EvalRecord(version, applied, now, num.epoch_of(applied), train,
+                                    float(loss), float(err)))
+    return rec
+
+
+def _with_hyper(scn: Scenario, hyper: Mapping[str, float]) -> Scenario:
+    import dataclasses
+
+    o = scn.optimizer
+    o = dataclasses.replace(
+        o, lr=hyper.get("lr", o.lr), weight_decay=hyper.get("weight_decay", o.weight_decay),
+        momentum=dataclasses.replace(o.momentum, beta=hyper.get("beta", o.momentum.beta)))
+    return dataclasses.replace(scn, optimizer=o)
+
+
+def vmap_pays(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
+              numerics: Numerics | None = None, probe_updates: int = 12) -> bool:
+    """Measure whether one vmapped replay of the points beats replaying them one by one.
+
+    Both paths are compiled and timed on the first ``probe_updates`` updates (after a
+    warm-up), so the choice is made for this model, batch and backend, as DESIGN.md asks.
+    """
+    if len(hypers) < 2 or trace.num_updates < 2 * probe_updates:
+        return False
+    import dataclasses
+
+    num = numerics or Numerics(scn)
+    probe = truncate(trace, probe_updates)
+    quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
+                                                             eval_samples=1))
+    qnum = Numerics(quiet)
+    qnum._shared = num._shared
+    replay(quiet, probe, numerics=qnum, hyper=hypers[0])
+    replay_vmapped(quiet, probe, hypers, numerics=qnum)
+    t0 = time.perf_counter()
+    replay(quiet, probe, numerics=qnum, hyper=hypers[0])
+    single = (time.perf_counter() - t0) * len(hypers)
+    t0 = time.perf_counter()
+    replay_vmapped(quiet, probe, hypers, numerics=qnum)
+    vmapped = time.perf_counter() - t0
+    return vmapped < single

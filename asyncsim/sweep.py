@@ -82,7 +82,7 @@ Executor = Callable[[list[Callable[[], dict[str, Any]]]], list[dict[str, Any]]]
 
 def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: bool = False,
               executor: Executor | None = None, share_traces: bool = True,
-              trace_only: bool = False) -> pd.DataFrame:
+              trace_only: bool = False, vmap: str = "auto") -> pd.DataFrame:
     """Run every point of ``scn``'s sweep that is not complete yet; write ``OUT/index.csv``.
 
     Args:
@@ -91,6 +91,9 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
             Ray tasks). Results are identical either way.
         share_traces: replay one simulated trace per timing group (exact; faster).
         trace_only: timing only (for staleness studies): no gradients at all.
+        vmap: for points of one trace that differ only in lr, momentum beta or weight decay:
+            ``"auto"`` replays them in one vmapped program when a short probe measures that
+            faster than one by one, ``"always"``, or ``"never"``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -110,6 +113,10 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
             continue
         shared = share_traces and len(members) > 1
         trace = _group_trace(members[0]["scenario"], out / f"trace_g{g:02d}") if shared else None
+        hypers = _hyper_only(todo, scn) if shared and vmap != "never" else None
+        if hypers is not None and len(todo) > 1:
+            jobs.append(({"point": "vmapped"}, _vmap_job(todo, hypers, out, trace, vmap)))
+            continue
         for it in todo:
             jobs.append((it, _job(it, out / it["point"], trace, progress)))
     if jobs:
@@ -118,7 +125,9 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
     rows = []
     for it in items:
         folder = out / it["point"]
+        summary = runs.read_summary(folder) if runs.is_complete(folder) else {}
         row: dict[str, Any] = {"point": it["point"], **it["keys"], "folder": str(folder),
+                               "vmapped": bool(summary.get("vmapped_points")),
                                "trace_group": it["group"],
                                "shared_trace": share_traces and not trace_only
                                and len(by_group[it["group"]]) > 1}
@@ -132,6 +141,38 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
     index = pd.DataFrame(rows)
     runs.atomic_write_text(out / INDEX, index.to_csv(index=False))
     return index
+
+
+def _hyper_only(todo, scn: Scenario):
+    """Core hyperparameters per point when the points of a group differ only in those."""
+    from asyncsim.replay import hyper_of
+
+    keys = sorted({k for it in todo for k in it["keys"]})
+    varying = [k for k in keys if len({repr(it["keys"].get(k)) for it in todo}) > 1]
+    hypers = []
+    for it in todo:
+        h = hyper_of({k: it["keys"][k] for k in varying})
+        if not h:
+            return None
+        hypers.append(h)
+    return hypers
+
+
+def _vmap_job(todo, hypers, out, trace, vmap):
+    def job():
+        from asyncsim.engine import Numerics
+        from asyncsim.replay import replay, replay_vmapped, vmap_pays
+
+        base = todo[0]["scenario"]
+        num = Numerics(base)
+        folders = [out / it["point"] for it in todo]
+        if vmap == "always" or vmap_pays(base, trace, hypers, numerics=num):
+            res = replay_vmapped(base, trace, hypers, numerics=num, outs=folders)
+        else:
+            res = [replay(it["scenario"], trace, out=f, force=True, kind="run")
+                   for it, f in zip(todo, folders, strict=True)]
+        return [r.summary for r in res]
+    return job
 
 
 def _job(it, folder, trace, progress):
