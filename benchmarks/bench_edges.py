@@ -1,0 +1,95 @@
+"""Benchmark: analytic edge table, and measured quadratic edges vmapped vs point by point.
+
+    python benchmarks/bench_edges.py [--points N]
+
+1. The closed-form table of :mod:`asyncsim.stability` for τ = 0..256 × 3 momentum kinds
+   (heavy-ball, dampened, shifted) × 10 β values (target: under a second).
+2. One stability grid of the measured-edge search (:mod:`asyncsim.edges`): 20 delays
+   (τ = 0..19) × 256 learning rates, all in one compiled vmapped ``lax.scan`` program,
+   against the same sweep run point by point (one compiled single-lane program, called per
+   (τ, η)). Running all 5,120 points one by one takes minutes, so by default a random
+   subset of ``--points`` points is timed and the per-point time scaled to 5,120 (the
+   printout says so); ``--points 5120`` runs them all. The stability verdicts of the timed
+   points are checked to agree with the vmapped program's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def bench_table() -> tuple[float, int]:
+    from asyncsim.stability import edge_table
+
+    edge_table(range(4), ("heavy-ball",), (0.5,))  # warm-up (imports, first calls)
+    t0 = time.perf_counter()
+    table = edge_table(range(257), ("heavy-ball", "dampened", "shifted"),
+                       np.linspace(0.0, 0.95, 10))
+    return time.perf_counter() - t0, len(table)
+
+
+def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
+    from asyncsim.api import simulate
+    from asyncsim.edges import ScanExecutor, default_steps, quadratic_scenario, stable_mask
+    from asyncsim.stability import edge
+
+    taus = list(range(20))
+    steps = default_steps(max(taus))
+    scns = [quadratic_scenario(t, steps=steps) for t in taus]
+    traces = [simulate(s) for s in scns]
+    # A grid of x = η·λ around each delay's edge (as in the search's refinement step).
+    grid = np.stack([np.linspace(0.9, 1.1, 256) * edge(t) for t in taus])
+    ex = ScanExecutor(scns[-1], num_learners=max(taus) + 1)
+    t0 = time.perf_counter()
+    ex.run(grid, traces)
+    compile_vmapped = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res = ex.run(grid, traces)
+    vmapped = time.perf_counter() - t0
+    verdict = stable_mask(res.window_a, res.window_b)
+
+    # Point by point: one single-lane program (same ring size, so it compiles once).
+    single = ScanExecutor(scns[-1], num_learners=max(taus) + 1)
+    ring = max(taus) + 1
+    rng = np.random.default_rng(seed)
+    total = grid.size
+    chosen = rng.choice(total, size=min(points, total), replace=False)
+    j0, k0 = divmod(int(chosen[0]), 256)
+    single.run([grid[j0, k0]], traces[j0], ring=ring)  # compile
+    t0 = time.perf_counter()
+    agree = 0
+    for idx in chosen:
+        j, k = divmod(int(idx), 256)
+        r = single.run([grid[j, k]], traces[j], ring=ring)
+        agree += bool(stable_mask(r.window_a, r.window_b)[0, 0]) == bool(verdict[j, k])
+    per_point = (time.perf_counter() - t0) / len(chosen)
+    return {"vmapped_s": vmapped, "vmapped_compile_s": compile_vmapped,
+            "per_point_s": per_point, "points_timed": len(chosen),
+            "point_by_point_s": per_point * total, "ratio": per_point * total / vmapped,
+            "agree": agree, "steps": steps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int, default=64,
+                    help="points timed one by one (5120 = the whole sweep)")
+    args = ap.parse_args()
+    dt, rows = bench_table()
+    print(f"analytic edge table: {rows} rows (tau 0..256 x 3 kinds x 10 betas) in {dt:.3f} s")
+    m = bench_measured(args.points)
+    scaled = "" if m["points_timed"] == 5120 else (
+        f" (scaled from {m['points_timed']} points timed)")
+    print(f"measured sweep, 20 delays x 256 rates x {m['steps']} updates:")
+    print(f"  one vmapped program: {m['vmapped_s']:.2f} s "
+          f"(+ {m['vmapped_compile_s'] - m['vmapped_s']:.2f} s first-call compile)")
+    print(f"  point by point:      {m['point_by_point_s']:.1f} s{scaled}, "
+          f"{1e3 * m['per_point_s']:.1f} ms per point")
+    print(f"  ratio point-by-point / vmapped: {m['ratio']:.0f}x; verdicts agree on "
+          f"{m['agree']}/{m['points_timed']} points")
+
+
+if __name__ == "__main__":
+    main()

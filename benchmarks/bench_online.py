@@ -1,0 +1,92 @@
+"""Online driver overhead, measured side by side with a plain jitted SGD loop.
+
+1. cifar10-full at mu = 128: an online run (4 learners, async, so one gradient per update)
+   vs a plain loop over one jitted SGD step doing the same gradients (same model, batch,
+   samples). Target: ratio <= 1.10.
+2. P1's lambda = 30, mu = 4, 30-softsync epoch vs a plain SGD epoch at batch 128 over the
+   same number of samples. Target: <= 1.2 (the mu = 4 calls alone cost ~0.78 of batch 128
+   per sample on 2 CPU cores; the rest is the simulator's own overhead).
+3. Grouping of gradients that share a read version (hardsync, lambda = 30, mu = 4): one
+   vmapped call per version vs separate calls.
+Reports peak memory (max RSS) too.
+
+    python benchmarks/bench_online.py [--grads 16] [--epoch-samples 1280]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _util import best, peak_rss_mib, plain_sgd_loop  # noqa: E402
+
+from asyncsim.engine import Numerics  # noqa: E402
+from asyncsim.online import run  # noqa: E402
+from asyncsim.scenario import load_scenario  # noqa: E402
+
+
+def scenario(learners, mu, n_train, proto, updates=None, gradients=None):
+    r = {"updates": updates} if updates else {"gradients": gradients}
+    return load_scenario({
+        "seed": 0, "model": {"name": "cifar10-full"},
+        "data": {"name": "synthetic-cifar", "batch_size": mu, "n_train": n_train,
+                 "n_test": 100},
+        "cluster": {"learners": learners, "compute": {"dist": "lognormal", "mean": 1.0,
+                                                      "cv": 0.1}},
+        "protocol": proto, "optimizer": {"lr": 0.001}, "run": r | {"eval_samples": 100}})
+
+
+def online_vs_plain(scn, repeat):
+    num = Numerics(scn)
+    run(scn, numerics=num)  # compile
+    t_online = best(lambda: run(scn, numerics=num).params, repeat)
+    res = run(scn, numerics=num)
+    g = res.trace.grads
+    batches = list(zip(g["learner"].tolist(), g["batch"].tolist(), strict=True))
+    plain = plain_sgd_loop(num, 0.001, batches, scn.data.batch_size)
+    t_plain = best(plain, repeat)
+    return t_online, t_plain, len(batches)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--grads", type=int, default=16)
+    ap.add_argument("--epoch-samples", type=int, default=1280)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+
+    scn = scenario(4, 128, 2048, {"kind": "async"}, gradients=a.grads)
+    to, tp, n = online_vs_plain(scn, a.repeat)
+    print(f"1. cifar10-full mu=128, {n} gradients: online {to:.3f} s, plain jitted SGD loop "
+          f"{tp:.3f} s -> ratio {to / tp:.3f} (target <= 1.10)")
+
+    n = a.epoch_samples
+    scn = scenario(30, 4, n, {"kind": "softsync", "n": 30}, gradients=n // 4)
+    num = Numerics(scn)
+    run(scn, numerics=num)
+    t_epoch = best(lambda: run(scn, numerics=num).params, a.repeat)
+    ref = scenario(1, 128, n, {"kind": "async"}, gradients=n // 128)
+    rnum = Numerics(ref)
+    plain = plain_sgd_loop(rnum, 0.001, [(0, b) for b in range(n // 128)], 128)
+    t_ref = best(plain, a.repeat)
+    print(f"2. P1 lambda=30 mu=4 30-softsync epoch of {n} samples: {t_epoch:.3f} s; plain SGD "
+          f"batch 128 epoch {t_ref:.3f} s -> ratio {t_epoch / t_ref:.3f} (target <= 1.2)")
+    plain4 = plain_sgd_loop(num, 0.001, [(i % 30, i // 30) for i in range(n // 4)], 4)
+    t4 = best(plain4, a.repeat)
+    print(f"   (plain SGD at mu=4 over the same samples: {t4:.3f} s = {t4 / t_ref:.3f} of "
+          f"batch 128; simulator overhead = {t_epoch / t4:.3f}x the bare mu=4 loop)")
+
+    for grouping in ("none", "version"):
+        scn = scenario(30, 4, 1200, {"kind": "hardsync"}, updates=4)
+        num = Numerics(scn, grouping=grouping)
+        run(scn, numerics=num)
+        t = best(lambda num=num, scn=scn: run(scn, numerics=num).params, a.repeat)
+        print(f"3. hardsync lambda=30 mu=4, 4 updates, grouping={grouping}: {t:.3f} s")
+    print(f"peak memory (max RSS): {peak_rss_mib():.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
