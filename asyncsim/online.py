@@ -9,9 +9,9 @@ Divergence: every ``CHECK_EVERY`` updates the batch losses are fetched; the firs
 with a non-finite loss stops the run cleanly, recorded in ``summary.json`` as
 ``diverged: true`` and ``diverged_at``.
 
-Checkpoints and resume: every ``run.checkpoint_every`` updates the numerics state, the
-parameter versions still in use and the metrics so far are written atomically to
-``checkpoint.npz``. Timing never depends on numerics, so ``--resume`` re-simulates the
+Checkpoints and resume: every ``run.checkpoint_every`` updates (or, when that is 0, once a
+minute of wall time) the numerics state, the parameter versions still in use and the
+metrics so far are written atomically to ``checkpoint.npz``. Timing never depends on numerics, so ``--resume`` re-simulates the
 timeline (cheap) and restarts the numerics from the checkpoint: the final ``param_hash`` is
 the one an uninterrupted run gives.
 """
@@ -40,6 +40,10 @@ from asyncsim.trace import Trace
 
 CHECK_EVERY = 16
 CKPT = "checkpoint.npz"
+# With run.checkpoint_every = 0, a run folder still gets a checkpoint once this many seconds
+# of wall time have passed since the last one, so a long run killed at any moment loses at
+# most about a minute of work.
+AUTO_CHECKPOINT_SECONDS = 60.0
 
 
 @dataclass
@@ -152,6 +156,7 @@ class Driver:
             self.grads_applied = 0
         self.diverged_at: int | None = None
         self.now = 0.0
+        self._last_ckpt = time.monotonic()
         self.pbar = None
         if self.start_version == 0 and not self.rec.evals:
             loss, err = num.evaluate(self.state.params, samples=scn.run.eval_samples)
@@ -200,10 +205,13 @@ class Driver:
             self.evaluate(done)
             if self.diverged_at is not None:
                 return False
-        if self.folder is not None and r.checkpoint_every and done % r.checkpoint_every == 0:
+        if self.folder is not None and (
+                done % r.checkpoint_every == 0 if r.checkpoint_every
+                else time.monotonic() - self._last_ckpt > AUTO_CHECKPOINT_SECONDS):
             rec.flush()
             save_checkpoint(self.folder, done, self.state, versions, rec,
                             {"grads_applied": self.grads_applied})
+            self._last_ckpt = time.monotonic()
         return None
 
     def finish(self, trace: Trace, t0: float, *, kind: str = "run") -> RunResult:

@@ -130,7 +130,12 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
             driver.pbar.close()
     if stopped_at < trace.num_updates:
         trace = truncate(trace, stopped_at)
-    return driver.finish(trace, t0, kind=kind)
+    result = driver.finish(trace, t0, kind=kind)
+    result.summary["replay_versions_held"] = need["versions"]
+    result.summary["replay_version_bytes"] = need["bytes"]
+    if folder is not None:
+        runs.write_summary(folder, result.summary)
+    return result
 
 
 def truncate(trace: Trace, updates: int) -> Trace:

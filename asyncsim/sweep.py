@@ -151,6 +151,8 @@ def _hyper_only(todo, scn: Scenario):
     varying = [k for k in keys if len({repr(it["keys"].get(k)) for it in todo}) > 1]
     hypers = []
     for it in todo:
+        if any(k not in it["keys"] for k in varying):
+            return None  # zipped sweep entries may leave a key out: not hyper-only
         h = hyper_of({k: it["keys"][k] for k in varying})
         if not h:
             return None
