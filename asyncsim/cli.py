@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--force", action="store_true")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--path", choices=("loop", "scan", "auto"), default="loop",
+                   help="loop: jitted steps in a Python loop (bit-exact with online runs); "
+                        "scan: chunks of updates in one lax.scan; auto: measure, then pick")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")
@@ -168,7 +171,7 @@ def cmd_replay(args) -> int:
     from asyncsim.replay import replay_folder
 
     result = replay_folder(args.run_dir, out=args.out, overrides=args.overrides,
-                           force=args.force, progress=not args.quiet)
+                           force=args.force, progress=not args.quiet, path=args.path)
     if not args.quiet:
         _print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
                                         "wall_time", "param_hash"])

@@ -6,14 +6,14 @@ core (:class:`asyncsim.engine.Numerics`). Parameter versions are kept only while
 outstanding gradient still reads them.
 
 Divergence: every ``CHECK_EVERY`` updates the batch losses are fetched; the first update
-with a non-finite loss stops the run cleanly, recorded in ``summary.json`` as
-``diverged: true`` and ``diverged_at``.
+with a non-finite loss, or a loss a million times the first update's, stops the run
+cleanly, recorded in ``summary.json`` as ``diverged: true`` and ``diverged_at``.
 
 Checkpoints and resume: every ``run.checkpoint_every`` updates (or, when that is 0, once a
 minute of wall time) the numerics state, the parameter versions still in use and the
-metrics so far are written atomically to ``checkpoint.npz``. Timing never depends on numerics, so ``--resume`` re-simulates the
-timeline (cheap) and restarts the numerics from the checkpoint: the final ``param_hash`` is
-the one an uninterrupted run gives.
+metrics so far are written atomically to ``checkpoint.npz``. Timing never depends on
+numerics, so ``--resume`` re-simulates the timeline (cheap) and restarts the numerics from
+the checkpoint: the final ``param_hash`` is the one an uninterrupted run gives.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ CKPT = "checkpoint.npz"
 # of wall time have passed since the last one, so a long run killed at any moment loses at
 # most about a minute of work.
 AUTO_CHECKPOINT_SECONDS = 60.0
+DIVERGED_FACTOR = 1e6
 
 
 @dataclass
@@ -71,17 +72,37 @@ class _Recorder:
         self.pending_base = 0
         self.losses: list[np.ndarray] = []  # per update: the batch losses
         self.evals: list[EvalRecord] = []
+        self.first_loss: float | None = None
 
     def flush(self) -> int | None:
-        """Fetch pending losses; return the first non-finite update's version, if any."""
+        """Fetch pending losses; return the first diverged update's version, if any.
+
+        Diverged: a non-finite batch loss, or one above ``DIVERGED_FACTOR`` times the first
+        update's (a run whose loss grew a million-fold has left every minimum, even while
+        its numbers are still finite).
+        """
         if not self.pending:
             return None
         fetched = [np.asarray(x) for x in jax.device_get(self.pending)]
-        bad = first_nonfinite(fetched, self.pending_base)
+        if self.first_loss is None:
+            first = self.losses[0] if self.losses else fetched[0]
+            self.first_loss = float(np.mean(np.abs(first)))
+        bad = first_diverged(fetched, self.pending_base, self.first_loss)
         self.losses.extend(fetched)
         self.pending_base += len(self.pending)
         self.pending = []
         return bad
+
+
+def first_diverged(losses: list[np.ndarray], base: int, first_loss: float) -> int | None:
+    """Version of the first update (counting from ``base``) whose batch losses are not all
+    finite or exceed ``DIVERGED_FACTOR * first_loss``; None if there is none."""
+    bad = first_nonfinite(losses, base)
+    limit = DIVERGED_FACTOR * first_loss if np.isfinite(first_loss) else np.inf
+    for i, lo in enumerate(losses[: None if bad is None else bad - base]):
+        if np.any(lo > limit):
+            return base + i
+    return bad
 
 
 def _flat(tree) -> list[np.ndarray]:

@@ -148,7 +148,7 @@ def truncate(trace: Trace, updates: int) -> Trace:
 
 def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
                   overrides: Sequence[str] = (), force: bool = False,
-                  progress: bool = False) -> RunResult:
+                  progress: bool = False, path: str = "loop") -> RunResult:
     """``asyncsim replay RUN_DIR``: replay a run folder's trace with its resolved scenario.
 
     ``overrides`` may change numerics only (``optimizer.*``, ``model.*``, ``data.*``,
@@ -159,7 +159,36 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
     trace = Trace.load(run_dir)
     trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
-    return replay(scn, trace, out=out or run_dir / "replay", force=force, progress=progress)
+    out = out or run_dir / "replay"
+    if path == "auto":
+        path = choose_path(scn, trace)
+    if path == "scan":
+        return replay_scan(scn, trace, out=out, force=force)
+    if path != "loop":
+        raise ValueError(f"path must be loop, scan or auto, got {path!r}")
+    return replay(scn, trace, out=out, force=force, progress=progress)
+
+
+def choose_path(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
+                probe_updates: int = 24) -> str:
+    """"loop" or "scan", whichever replays the first ``probe_updates`` updates faster here
+    (both compiled first). Traces with a varying number of gradients per update: "loop"."""
+    counts = trace.updates["n_grads"]
+    if trace.num_updates < 2 * probe_updates or np.any(counts != counts[0]):
+        return "loop"
+    import dataclasses
+
+    quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
+                                                             eval_samples=1))
+    num = numerics or Numerics(quiet)
+    probe = truncate(trace, probe_updates)
+    timings = {}
+    for name, fn in (("loop", replay), ("scan", replay_scan)):
+        fn(quiet, probe, numerics=num)
+        t0 = time.perf_counter()
+        fn(quiet, probe, numerics=num)
+        timings[name] = time.perf_counter() - t0
+    return min(timings, key=timings.get)
 
 
 def replay_many(scn: Scenario, trace: Trace, points: Sequence[Mapping[str, Any]],
@@ -285,10 +314,11 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
 
 
 def _first_bad(losses: list[np.ndarray]) -> int | None:
-    for i, lo in enumerate(losses):
-        if not np.all(np.isfinite(lo)):
-            return i
-    return None
+    from asyncsim.online import first_diverged
+
+    if not losses:
+        return None
+    return first_diverged(losses, 0, float(np.mean(np.abs(losses[0]))))
 
 
 def _recorder_from(flat_losses: np.ndarray, counts: Sequence[int], evals, num: Numerics):
@@ -346,3 +376,109 @@ def vmap_pays(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]]
     replay_vmapped(quiet, probe, hypers, numerics=qnum)
     vmapped = time.perf_counter() - t0
     return vmapped < single
+
+
+# ----------------------------------------------------------------------------- scan path
+def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
+                hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
+                force: bool = False, chunk: int = 512,
+                max_memory: int = DEFAULT_MAX_MEMORY) -> RunResult:
+    """Replay as compiled chunks: ``lax.scan`` over updates with a device ring buffer.
+
+    The last S + 1 parameter versions (S = the trace's maximum staleness) live in one
+    stacked device array; update v reads ``ring[read % (S+1)]`` and writes version v + 1 to
+    ``ring[(v+1) % (S+1)]``. Chunks end at evaluation points, so the program leaves jit only
+    to evaluate. Needs the same number of gradients c in every update (every built-in
+    protocol's trace has it). It computes the same arithmetic as :func:`replay` but XLA
+    compiles it as one program, so results agree to floating-point tolerance rather than
+    bit for bit; :func:`replay` stays the exact reference. Which is faster depends on the
+    model and backend (DESIGN.md): on 2 CPU cores a scan over convolutions runs slower than a
+    loop of jitted steps, while small dense models gain from losing the per-step dispatch.
+    """
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from asyncsim.online import Driver
+
+    num = numerics or Numerics(scn)
+    counts = trace.updates["n_grads"]
+    m = trace.num_updates
+    if m == 0 or np.any(counts != counts[0]):
+        raise ValueError("replay_scan needs the same number of gradients in every update")
+    c = int(counts[0])
+    R = trace.max_staleness + 1
+    shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
+    need = R * num_params(shapes) * 4
+    if need > max_memory:
+        raise ReplayMemoryError(f"a ring of {R} parameter versions needs "
+                                f"{need / 2**20:.1f} MiB > {max_memory / 2**20:.1f} MiB")
+    folder = runs.prepare(out, force=force) if out is not None else None
+    if folder is not None:
+        runs.write_scenario(folder, scn)
+        runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"), path="scan")
+    t0 = time.perf_counter()
+    driver = Driver(dataclasses.replace(scn, run=dataclasses.replace(
+        scn.run, checkpoint_every=0)), num, folder=None, hyper=dict(hyper or {}))
+    driver.folder = folder
+    state = driver.state
+    tm = jax.tree_util.tree_map
+    ring = tm(lambda p: jnp.broadcast_to(p, (R, *p.shape)), state.params)
+    g = trace.grads
+    L = g["learner"].reshape(m, c).astype(np.int32)
+    B = g["batch"].reshape(m, c).astype(np.int32)
+    RD = (g["read_version"].reshape(m, c) % R).astype(np.int32)
+    T = g["staleness"].reshape(m, c).astype(np.int32)
+    V = np.arange(m, dtype=np.int32)
+    one = num._shared.one
+    core_apply = num.core.apply
+    x_all, y_all = num.x_train, num.y_train
+
+    def body(carry, xs):
+        st, rg = carry
+        l, b, r, t, v = xs
+        if c <= 4:
+            outs = [one(tm(lambda a, i=i: a[r[i]], rg), x_all, y_all, l[i], b[i])
+                    for i in range(c)]
+            losses = jnp.stack([o[0] for o in outs])
+            grads = tm(lambda *a: jnp.stack(a), *[o[1] for o in outs])
+        else:
+            params_c = tm(lambda a: a[r], rg)
+            losses, grads = jax.vmap(one, in_axes=(0, None, None, 0, 0))(
+                params_c, x_all, y_all, l, b)
+        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
+        rg = tm(lambda a, p: a.at[(v + 1) % R].set(p), rg, st.params)
+        return (st, rg), losses
+
+    cache = num.__dict__.setdefault("_scan_cache", {})
+    run_chunk = cache.get((c, R))
+    if run_chunk is None:  # compile once per (Numerics, c, ring size)
+        run_chunk = cache[(c, R)] = jax.jit(lambda carry, xs: jax.lax.scan(body, carry, xs))
+    every = scn.run.eval_every or m
+    bounds = sorted({*range(0, m, min(chunk, every)), *range(0, m, every), m})
+    times = trace.updates["time"]
+    losses_all = []
+    carry = (state, ring)
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        carry, losses = run_chunk(carry, (L[s:e], B[s:e], RD[s:e], T[s:e], V[s:e]))
+        losses_all.append(losses)
+        driver.grads_applied = e * c
+        if scn.run.eval_every and e % every == 0:
+            driver.state = carry[0]
+            driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
+                [np.asarray(x) for x in losses_all]))
+            losses_all = []
+            driver.now = float(times[e - 1])
+            driver.evaluate(e)
+    driver.state = carry[0]
+    if losses_all:
+        driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
+            [np.asarray(x) for x in losses_all]))
+    driver.rec.pending_base = len(driver.rec.losses)
+    driver.diverged_at = _first_bad(driver.rec.losses)
+    driver.now = float(times[-1])
+    result = driver.finish(trace, t0, kind="replay")
+    result.summary["replay_path"] = "scan"
+    if folder is not None:
+        runs.write_summary(folder, result.summary)
+    return result

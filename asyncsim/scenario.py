@@ -351,6 +351,13 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
             set_dotted(raw, k, v)
         else:
             raise ScenarioError(f"sweep.{k}", "must be a dotted key such as optimizer.lr")
+    # fixed-delay runs tau + 1 workers: a tau sweep moves the worker count along with it
+    # unless the point sets cluster.learners itself.
+    proto = raw.get("protocol", {})
+    if (proto.get("kind") == "fixed-delay" and "protocol.tau" in point
+            and "cluster.learners" not in point and scn.protocol.tau is not None
+            and scn.cluster.learners == scn.protocol.tau + 1):
+        raw["cluster"]["learners"] = proto["tau"] + 1
     try:
         return from_dict(Scenario, raw)
     except ScenarioError as e:

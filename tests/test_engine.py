@@ -106,6 +106,25 @@ def test_replay_equals_online(kind, extra, momentum, num_cache):
     assert again.summary["param_hash"] == online.summary["param_hash"]
 
 
+@pytest.mark.parametrize("proto", [{"kind": "async"}, {"kind": "softsync", "n": 1},
+                                   {"kind": "fixed-delay", "tau": 2}])
+def test_scan_path_agrees_with_the_loop(proto, num_cache):
+    from asyncsim.replay import choose_path, replay_scan
+
+    cluster = {"learners": 3}
+    scn = tiny(protocol=proto, cluster=cluster, run={"updates": 30, "eval_every": 10},
+               optimizer={"lr": 0.03, "lr_rule": "inverse-staleness",
+                          "momentum": {"kind": "shifted", "beta": 0.8}})
+    num = num_cache(scn)
+    res = run(scn, numerics=num)
+    scanned = replay_scan(scn, res.trace, numerics=num)
+    for a, b in zip(jax.tree_util.tree_leaves(res.params),
+                    jax.tree_util.tree_leaves(scanned.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert list(scanned.evals["version"]) == list(res.evals["version"])
+    assert choose_path(scn, res.trace, numerics=num) in ("loop", "scan")
+
+
 def _raw(scn):
     from asyncsim.config import to_dict
 

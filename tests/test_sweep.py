@@ -68,3 +68,14 @@ def test_sweep_points_one_by_one_equal_independent_runs(tmp_path):
         single = load_scenario({**BASE, "optimizer": {**BASE["optimizer"],
                                                       "lr": row["optimizer.lr"]}})
         assert run(single).summary["param_hash"] == row["param_hash"]
+
+
+def test_a_tau_sweep_moves_the_fixed_delay_worker_count():
+    scn = load_scenario({"protocol": {"kind": "fixed-delay", "tau": 1},
+                         "sweep": {"protocol.tau": [0, 3, 8]}, "run": {"updates": 30}})
+    items = plan(scn)
+    assert [it["scenario"].cluster.learners for it in items] == [1, 4, 9]
+    for it in items:
+        tr = simulate(it["scenario"])
+        tau = it["scenario"].protocol.tau
+        assert (tr.staleness[tau:] == tau).all()

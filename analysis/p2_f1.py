@@ -1,0 +1,77 @@
+"""P2-F1: generalization gap vs delay τ (Giladi et al. 2020) — test error, η0 vs η_τ.
+
+Reads the sweep of ``scenarios/p2_f1.toml`` (index.csv and each point's summary.json and
+eval.csv; nothing is re-simulated) and plots the final test error against τ for the
+constant rate and for P2's rule ``η_τ = η0 sin(π/(4τ+2))``. Diverged runs are marked at
+90% error (chance level for 10 classes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+NAME = "p2_f1"
+RULES = {"constant": "η = η0 (constant)", "stability-edge": "η_τ = η0 sin(π/(4τ+2))"}
+
+
+def points(sweep_dir: Path) -> pd.DataFrame:
+    index = pd.read_csv(Path(sweep_dir) / "index.csv")
+    rows = []
+    for _, r in index.iterrows():
+        folder = Path(sweep_dir) / r["point"]
+        if not (folder / "summary.json").exists():
+            continue
+        s = json.loads((folder / "summary.json").read_text())
+        scn = tomllib.loads((folder / "scenario.toml").read_text())
+        tau = int(scn["protocol"]["tau"])
+        opt = scn.get("optimizer", {})
+        rule = opt.get("lr_rule", "constant")
+        eta0 = float(opt.get("lr", 0.01))
+        evals = pd.read_csv(folder / "eval.csv") if (folder / "eval.csv").exists() else None
+        best = float(evals["test_error"].min()) if evals is not None else math.nan
+        rows.append({"tau": tau, "lr_rule": rule, "eta0": eta0,
+                     "eta": eta0 * math.sin(math.pi / (4 * tau + 2))
+                     if rule == "stability-edge" else eta0,
+                     "seed": scn.get("seed", 0),
+                     "final_test_error": s.get("final_test_error"),
+                     "best_test_error": best,
+                     "final_train_loss": s.get("final_train_loss"),
+                     "diverged": bool(s.get("diverged", False))})
+    return pd.DataFrame(rows).sort_values(["lr_rule", "tau"]).reset_index(drop=True)
+
+
+def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
+    df = points(sweep_dir)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv = out_dir / f"{NAME}.csv"
+    df.to_csv(csv, index=False)
+    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=100)
+    for rule, label in RULES.items():
+        g = df[df["lr_rule"] == rule]
+        if g.empty:
+            continue
+        err = g["final_test_error"].where(~g["diverged"], 0.9)
+        (line,) = ax.plot(g["tau"] + 1, 100 * err, "o-", label=label)
+        bad = g[g["diverged"]]
+        if not bad.empty:
+            ax.plot(bad["tau"] + 1, [90] * len(bad), "x", ms=10, color=line.get_color(),
+                    label=f"diverged ({rule})")
+    ax.set(xscale="log", xlabel="τ + 1", ylabel="final test error (%)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("P2-F1 test error vs delay (MLP, synthetic CIFAR)", fontsize=9)
+    fig.tight_layout()
+    png = out_dir / f"{NAME}.png"
+    fig.savefig(png)
+    plt.close(fig)
+    return [png, csv]

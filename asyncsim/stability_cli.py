@@ -1,0 +1,88 @@
+"""``asyncsim stability``: P2's stability edges as a table (and optionally a figure).
+
+Without ``--measure`` it prints the closed forms of :mod:`asyncsim.stability` (raw and
+effective edge, large-τ asymptote). With ``--measure`` each (τ, momentum, β) is also measured
+by simulation on a quadratic (:func:`asyncsim.edges.find_edges`: fixed-delay timing, the
+shared update core, a vmapped grid of learning rates) and the relative error is printed.
+``--figure PNG`` draws edge vs τ on log-log axes with the 1/τ asymptote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from asyncsim.errors import ScenarioError
+from asyncsim.stability import MOMENTUM_KINDS, asymptote, edge_table
+
+
+def _check(args) -> None:
+    for t in args.tau:
+        if t < 0:
+            raise ScenarioError("--tau", f"delays must be integers >= 0, got {t}",
+                                file="asyncsim stability")
+    for m in args.momentum:
+        if m not in MOMENTUM_KINDS:
+            raise ScenarioError("--momentum", f"unknown kind {m!r}; allowed: "
+                                f"{', '.join(MOMENTUM_KINDS)}", file="asyncsim stability")
+    for b in args.beta:
+        if not abs(b) < 1:
+            raise ScenarioError("--beta", f"must satisfy |beta| < 1, got {b}",
+                                file="asyncsim stability")
+
+
+def stability_table(taus, momenta, betas, *, measure: bool = False) -> pd.DataFrame:
+    """Closed-form edges (and measured ones with ``measure``), one row per (τ, kind, β)."""
+    table = edge_table(taus, momenta, betas).rename(columns={"edge": "closed_form"})
+    if not measure:
+        return table
+    from asyncsim.edges import edge_comparison
+
+    meas = edge_comparison(list(taus), momenta, betas)
+    table = table.merge(meas[["tau", "momentum", "beta", "measured", "rel_error"]],
+                        on=["tau", "momentum", "beta"], how="left")
+    return table
+
+
+def draw_edges(table: pd.DataFrame, path: str | Path) -> Path:
+    """Edge vs τ (log-log), one line per (kind, β), measured points as markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=110)
+    for (kind, beta), g in table.groupby(["momentum", "beta"], sort=False):
+        g = g.sort_values("tau")
+        x = g["tau"].to_numpy() + 1  # τ + 1 so τ = 0 fits on a log axis
+        label = kind if kind == "none" else f"{kind} β={beta:g}"
+        (line,) = ax.plot(x, g["closed_form"], label=label)
+        if "measured" in g:
+            ax.plot(x, g["measured"], "o", color=line.get_color(), mfc="none")
+    t = np.geomspace(1, max(table["tau"].max(), 1), 100)
+    ax.plot(t + 1, asymptote(t), "k:", lw=1, label="π/(2τ+1)")
+    ax.set(xscale="log", yscale="log", xlabel="τ + 1", ylabel="edge η·λ_max")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def stability_command(args) -> int:
+    """Entry point of the CLI verb (args: tau, momentum, beta, measure, figure)."""
+    _check(args)
+    table = stability_table(args.tau, args.momentum, args.beta, measure=args.measure)
+    cols = ["tau", "momentum", "beta", "closed_form", "effective_edge", "asymptote"]
+    if args.measure:
+        cols += ["measured", "rel_error"]
+    with pd.option_context("display.width", 120, "display.max_rows", 10_000):
+        print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    if args.figure:
+        print(f"figure: {draw_edges(table, args.figure)}")
+    return 0

@@ -1,0 +1,144 @@
+"""Measured stability edges (asyncsim.edges) against P2's closed forms (asyncsim.stability).
+
+The edges are measured by the real simulator: fixed-delay timing from the protocol code, the
+shared update core, a one-dimensional quadratic. Table-driven (STYLE.md 6): every momentum
+kind × τ against :func:`asyncsim.stability.edge` within 1%.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asyncsim.api import simulate
+from asyncsim.cli import main
+from asyncsim.edges import (
+    ScanExecutor,
+    find_edge,
+    find_edges,
+    quadratic_scenario,
+    scan_replay,
+    sharpness_trajectory,
+    stable_mask,
+)
+from asyncsim.replay import replay
+from asyncsim.stability import edge
+
+TAUS = [0, 1, 2, 4, 8, 16, 32]
+KINDS = [("none", 0.0), ("heavy-ball", 0.9), ("dampened", 0.9), ("shifted", 0.9),
+         ("heavy-ball", 0.5), ("dampened", 0.5), ("shifted", 0.5)]
+
+
+@pytest.mark.parametrize(("kind", "beta"), KINDS[:4])
+def test_measured_edge_matches_closed_form(kind, beta):
+    """Default suite: τ ∈ {0, 1, 4, 16} for each kind at β = 0.9, one vmapped program each."""
+    taus = [0, 1, 4, 16]
+    measured = find_edges(taus, kind, beta)
+    closed = np.asarray([edge(t, kind, beta) for t in taus])
+    np.testing.assert_allclose(measured, closed, rtol=0.01)
+    # The measurement is the last stable point of a 1e-3 bracket below the true edge.
+    assert np.all(measured <= closed * (1 + 1e-4))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "beta"), KINDS)
+def test_measured_edge_full_table(kind, beta):
+    measured = find_edges(TAUS, kind, beta)
+    closed = np.asarray([edge(t, kind, beta) for t in TAUS])
+    np.testing.assert_allclose(measured, closed, rtol=0.01)
+
+
+def test_find_edge_scalar_and_eigenvalue_scaling():
+    """The edge is in η·λ units: a stiffer quadratic gives the same x (P2's ηλ_max)."""
+    a = find_edge(2)
+    b = find_edge(2, eigenvalue=5.0)
+    assert a == pytest.approx(edge(2), rel=2e-3)
+    assert b == pytest.approx(edge(2), rel=2e-3)
+
+
+def test_replay_converges_below_and_diverges_above_edge():
+    """Through the Python-loop replay (the real replay path), not the scan executor.
+
+    τ = 1 (edge 1): ρ(0.99) = 0.995 and ρ(1.01) = 1.005, so 2000 updates separate the two
+    runs by about e^20 while keeping the Python loop short.
+    """
+    tau = 1
+    e = edge(tau)
+    scn = quadratic_scenario(tau, steps=2000)
+    trace = simulate(scn)
+    below = replay(scn, trace, hyper={"lr": 0.99 * e})
+    above = replay(scn, trace, hyper={"lr": 1.01 * e})
+    w_below = float(np.abs(np.asarray(below.params["w"])).max())
+    w_above = float(np.abs(np.asarray(above.params["w"])).max())
+    assert w_below < 1e-2  # started at |w| = 1
+    assert not np.isfinite(w_above) or w_above > 1e2
+
+
+@pytest.mark.parametrize(("kind", "schedule", "noise"), [
+    ("none", "round-robin", 0.0),
+    ("shifted", "random", 0.5),
+    ("heavy-ball", "normal", 0.0),
+])
+def test_scan_executor_equals_python_replay(kind, schedule, noise):
+    """DESIGN.md's scan path equals the Python-loop replay on a short trace."""
+    beta = 0.0 if kind == "none" else 0.9
+    scn = quadratic_scenario(3, kind, beta, schedule=schedule, noise=noise, steps=80,
+                             eigenvalue=2.0, lr=0.05, batch_size=4)
+    trace = simulate(scn)
+    ref = replay(scn, trace, hyper={"lr": 0.02}).params
+    got = scan_replay(scn, trace, hyper={"lr": 0.02})
+    np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(ref["w"]), rtol=1e-5, atol=1e-7)
+
+
+def test_vmapped_point_equals_single_run():
+    """Lane k of the vmapped sweep (rates × traces) equals a run with config k alone."""
+    scns = [quadratic_scenario(t, "shifted", 0.5, steps=300) for t in (1, 4)]
+    traces = [simulate(s) for s in scns]
+    lrs = np.asarray([0.05, 0.2, 0.31, 0.6], np.float32)
+    ex = ScanExecutor(scns[1], num_learners=5)
+    many = ex.run(lrs, traces)
+    for j, (s, tr) in enumerate(zip(scns, traces, strict=True)):
+        single = ScanExecutor(s)  # sized for this τ alone; compiled once, reused per rate
+        for k, lr in enumerate(lrs):
+            one = single.run([lr], tr)
+            np.testing.assert_allclose(np.asarray(many.params["w"][j, k]),
+                                       np.asarray(one.params["w"][0, 0]), rtol=1e-6)
+            assert many.window_b[j, k] == pytest.approx(float(one.window_b[0, 0]), rel=1e-6)
+
+
+def test_stable_mask():
+    a = np.array([1.0, 1.0, 1.0, np.inf, 1.0, 0.0])
+    b = np.array([0.5, 1.5, 0.0, np.inf, np.nan, 0.0])
+    assert stable_mask(a, b).tolist() == [True, False, True, False, False, True]
+    # Noisy runs tolerate a stationary noise floor (|w|² within a factor 2).
+    assert stable_mask(np.array([1.0]), np.array([1.5]), noise=True).tolist() == [True]
+
+
+def test_random_schedule_is_far_more_stable():
+    """PAPERS.md: uniform random worker per step at N = 32 has edge ≈ 0.33 vs 0.050."""
+    rr = find_edge(31, rel_tol=1e-2)
+    rnd = find_edge(31, schedule="random", rel_tol=1e-2)
+    assert rr == pytest.approx(edge(31), rel=0.011)
+    assert 0.28 < rnd < 0.38
+
+
+def test_sharpness_trajectory_logs_every_k():
+    scn = quadratic_scenario(2, steps=40, eigenvalue=3.0, lr=0.1)
+    df = sharpness_trajectory(scn, every=10, samples=8)
+    assert df["update"].tolist() == [0, 10, 20, 30, 40]
+    np.testing.assert_allclose(df["sharpness"], 3.0, rtol=1e-5)  # the quadratic's λ
+    assert df["tau_edge"].iloc[0] == pytest.approx(edge(2) / 0.1)
+
+
+def test_cli_stability_measure(capsys):
+    assert main(["stability", "--tau", "0", "1", "4", "--momentum", "none", "--measure"]) == 0
+    out = capsys.readouterr().out
+    assert "closed_form" in out and "measured" in out and "rel_error" in out
+    assert out.count("\n") >= 4
+
+
+def test_cli_stability_figure(tmp_path):
+    png = tmp_path / "edges.png"
+    assert main(["stability", "--tau", "0", "1", "2", "--momentum", "none", "shifted",
+                 "--figure", str(png)]) == 0
+    assert png.exists() and png.stat().st_size > 1000
