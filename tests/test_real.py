@@ -1,0 +1,201 @@
+"""Real (Ray) runs: trace invariants, exact replay, learner/PS faults, calibration, sweeps.
+
+One local Ray instance (2 CPUs) and one set of learner/PS actors serve the whole module, so
+each actor process starts and compiles the tiny model's gradient once.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asyncsim import runs  # noqa: E402
+from asyncsim.api import trace_run  # noqa: E402
+from asyncsim.invariants import check_trace  # noqa: E402
+from asyncsim.real import (  # noqa: E402
+    RealCluster,
+    RealRunError,
+    calibrate,
+    compare,
+    ray_executor,
+    real_run,
+)
+from asyncsim.replay import replay_folder  # noqa: E402
+from asyncsim.scenario import load_scenario  # noqa: E402
+from asyncsim.sweep import run_sweep  # noqa: E402
+from asyncsim.trace import Trace  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+TINY_DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
+TINY_MODEL = {"name": "mlp", "hidden": [16]}
+
+
+def tiny(**kw):
+    d = {"name": "tiny-real", "seed": 7, "model": TINY_MODEL, "data": TINY_DATA,
+         "cluster": {"learners": 3}, "protocol": {"kind": "async"},
+         "optimizer": {"lr": 0.05}, "run": {"updates": 30, "eval_every": 10}}
+    for k, v in kw.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+    return load_scenario(d)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    import os
+
+    # A restarted learner loads its compiled gradient from this cache instead of compiling.
+    # Set only while Ray and the actors start (they keep it), not for the rest of the session.
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla")),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    saved = {k: os.environ.get(k) for k in cache}
+    os.environ.update({k: v for k, v in cache.items() if saved[k] is None})
+    try:
+        started = not ray.is_initialized()
+        if started:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        c = RealCluster(3)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+    yield c
+    c.close()
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def async_run(cluster, tmp_path_factory):
+    out = tmp_path_factory.mktemp("real") / "async"
+    scn = tiny()
+    summary = real_run(scn, out=out, cluster=cluster)
+    return scn, out, summary
+
+
+def _applied(trace):
+    return list(zip(trace.grads["learner"].tolist(), trace.grads["batch"].tolist(),
+                    strict=True))
+
+
+def test_real_async_run_trace_and_folder(async_run):
+    scn, out, s = async_run
+    trace = Trace.load(out)
+    check_trace(trace, scn)
+    assert trace.num_updates == 30 and s["updates"] == 30
+    assert not s["diverged"] and np.isfinite(s["final_test_error"])
+    for f in ("scenario.toml", "trace_grads.parquet", "trace_updates.parquet",
+              "trace_meta.json", "eval.csv", "updates.parquet", "summary.json",
+              "provenance.json", "params.npz", "restarts.csv"):
+        assert (out / f).exists(), f
+    assert not (out / "checkpoint.npz").exists()
+    saved = runs.read_summary(out)
+    assert saved["kind"] == "real" and saved["trace_hash"] == trace.hash()
+    assert set(trace.grads["learner"].tolist()) == {0, 1, 2}
+    assert (trace.grads["t_start"] >= trace.grads["t_pull"]).all()
+    assert s["updates_per_s"] > 0
+
+
+def test_replay_of_real_run_is_bit_identical(async_run, tmp_path):
+    _, out, s = async_run
+    res = replay_folder(out, out=tmp_path / "replay")
+    assert res.summary["param_hash"] == s["param_hash"]
+    assert res.summary["trace_hash"] == s["trace_hash"]
+
+
+def test_real_softsync_hardsync_ssp(cluster, tmp_path):
+    for proto in ({"kind": "softsync", "n": 1}, {"kind": "hardsync"}, {"kind": "ssp", "s": 0}):
+        scn = tiny(protocol=proto, run={"updates": 6, "eval_every": 0})
+        out = tmp_path / proto["kind"]
+        s = real_run(scn, out=out, cluster=cluster)
+        trace = Trace.load(out)
+        check_trace(trace, scn)
+        c = 1 if proto["kind"] == "ssp" else 3
+        assert trace.num_updates == 6 and trace.num_gradients == 6 * c
+        assert replay_folder(out, out=tmp_path / f"r-{proto['kind']}").summary[
+            "param_hash"] == s["param_hash"]
+
+
+def test_fixed_delay_is_rejected(cluster, tmp_path):
+    from asyncsim.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="protocol.kind"):
+        real_run(tiny(protocol={"kind": "fixed-delay", "tau": 2}, cluster={"learners": 3}),
+                 out=tmp_path / "fd", cluster=cluster)
+
+
+def test_killed_learner_restarts_and_run_completes(cluster, tmp_path):
+    # hardsync: the round cannot finish without the killed learner, so the run must see it
+    # restart and contribute again.
+    scn = tiny(protocol={"kind": "hardsync"}, run={"updates": 6, "eval_every": 0})
+    out = tmp_path / "kill"
+    s = real_run(scn, out=out, cluster=cluster, faults={"kill_learner": [1, 2]})
+    trace = Trace.load(out)
+    check_trace(trace, scn)  # program order kept: the lost batch was recomputed
+    assert trace.num_updates == 6 and trace.num_gradients == 18
+    r = pd.read_csv(out / "restarts.csv")
+    assert s["restarts"] == 1 and (r["learner"] == 1).all()
+    assert "restarted" in set(r["event"])
+    assert len(set(_applied(trace))) == trace.num_gradients
+    assert replay_folder(out, out=tmp_path / "replay").summary["param_hash"] == s["param_hash"]
+
+
+def test_killed_ps_resumes_from_checkpoint(cluster, tmp_path):
+    scn = tiny(run={"updates": 24, "eval_every": 4, "checkpoint_every": 5})
+    out = tmp_path / "crash"
+    with pytest.raises(RealRunError, match="resume"):
+        real_run(scn, out=out, cluster=cluster, faults={"crash_ps_at": 12})
+    assert not runs.is_complete(out) and (out / "checkpoint.npz").exists()
+    with np.load(out / "checkpoint.npz") as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+    assert meta["version"] == 10
+    before = meta["extra"]["trace"]["grads"]
+    s = real_run(scn, out=out, cluster=cluster, resume=True)
+    trace = Trace.load(out)
+    check_trace(trace, scn)
+    assert trace.num_updates == 24 == s["updates"] and s["resumes"] == 1
+    # The checkpointed updates are kept verbatim; no gradient applied twice.
+    n0 = len(before["learner"])
+    assert trace.grads["batch"][:n0].tolist() == before["batch"]
+    assert trace.grads["t_apply"][:n0].tolist() == before["t_apply"]
+    assert len(set(_applied(trace))) == trace.num_gradients
+    ev = pd.read_csv(out / "eval.csv")
+    assert ev["version"].tolist() == [0, 4, 8, 12, 16, 20, 24]
+    assert replay_folder(out, out=tmp_path / "replay").summary["param_hash"] == s["param_hash"]
+
+
+def test_calibrate_simulate_compare(async_run, tmp_path):
+    _, out, _ = async_run
+    for kind in ("empirical", "parametric"):
+        path = calibrate(out, out=tmp_path / kind / "calibrated.toml", kind=kind)
+        scn = load_scenario(path)
+        assert scn.run.updates == 30
+        sim = trace_run(scn, tmp_path / kind / "sim")
+        check_trace(sim.trace, scn)
+        res = compare(out, tmp_path / kind / "sim", figure=tmp_path / kind / "cmp.png")
+        assert 0.0 <= res["tv_distance"] <= 1.0 and np.isfinite(res["mean_b"])
+        assert (tmp_path / kind / "cmp.png").stat().st_size > 0
+    assert (tmp_path / "empirical" / "calib_compute_0.csv").exists()
+
+
+def test_ray_executor_sweep_equals_local(cluster, tmp_path):
+    scn = load_scenario({**_raw_tiny(), "sweep": {"protocol.kind": ["async", "hardsync"]}})
+    local = run_sweep(scn, tmp_path / "local")
+    remote = run_sweep(scn, tmp_path / "ray", executor=ray_executor())
+    cols = ["point", "param_hash", "trace_hash", "final_test_error", "status"]
+    pd.testing.assert_frame_equal(local[cols], remote[cols])
+    assert (remote["status"] == "complete").all()
+
+
+def _raw_tiny():
+    # Seed and data as tiny(): the workers' persistent compile cache then already holds the
+    # gradient function (the seed is a constant inside it).
+    return {"name": "tiny-sweep", "seed": 7, "model": TINY_MODEL, "data": TINY_DATA,
+            "cluster": {"learners": 2, "compute": {"dist": "lognormal", "mean": 1.0,
+                                                   "cv": 0.5}},
+            "optimizer": {"lr": 0.05}, "run": {"updates": 6}}
