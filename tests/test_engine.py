@@ -206,7 +206,16 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+def _ckpt_version(folder) -> int:
+    import json
+
+    try:
+        with np.load(folder / "checkpoint.npz") as z:
+            return json.loads(bytes(z["meta"]).decode())["version"]
+    except (OSError, KeyError, ValueError):
+        return -1
+
+
 def test_resume_after_a_kill_gives_the_same_hash(tmp_path):
     scn_file = tmp_path / "s.toml"
     scn_file.write_text("""
@@ -227,10 +236,10 @@ compute = { dist = "exponential", mean = 1.0 }
 kind = "softsync"
 n = 3
 [optimizer]
-lr = 0.05
+lr = 0.005
 momentum = { kind = "heavy-ball", beta = 0.9 }
 [run]
-updates = 400
+updates = 600
 checkpoint_every = 20
 """)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -240,12 +249,14 @@ checkpoint_every = 20
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "run", str(scn_file), "--out",
                              str(killed), "--quiet"], env=env)
-    deadline = time.time() + 120
+    # Kill at a random point: after a random checkpoint (version 20..500 of 600), plus a
+    # random fraction of a second, so the kill can land anywhere in the update loop.
     rng = np.random.default_rng()
-    wait_more = rng.uniform(0.0, 1.5)
-    while not (killed / "checkpoint.npz").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(wait_more)
+    target = int(rng.integers(1, 26)) * 20
+    deadline = time.time() + 180
+    while time.time() < deadline and _ckpt_version(killed) < target:
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 0.1))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     if (killed / "summary.json").exists():
@@ -257,6 +268,7 @@ checkpoint_every = 20
 
     a = json.loads((full / "summary.json").read_text())
     b = json.loads((killed / "summary.json").read_text())
+    assert not a["diverged"] and a["updates"] == 600
     assert a["param_hash"] == b["param_hash"]
     assert a["trace_hash"] == b["trace_hash"]
 
