@@ -34,7 +34,9 @@ def check_trace(trace: Trace, scenario: Scenario) -> None:
     order (batch 0, 1, 2, …, pulled at non-decreasing times and versions); a gradient reads a
     version that existed at its pull time.
 
-    Per protocol: ``hardsync`` staleness ≡ 0 and one gradient per learner per update;
+    Per protocol: ``hardsync`` staleness ≡ 0 and one gradient per learner per update (all
+    λ learners; in a real run whose meta has ``short_rounds_allowed`` -- a learner died --
+    an update may take 1..λ gradients, still from distinct learners);
     ``softsync`` exactly c = ⌊λ/n⌋ gradients per update; ``async``/``ssp``/``fixed-delay`` one;
     ``fixed-delay`` with the round-robin schedule: staleness = min(version, τ); ``ssp``: at
     every pull the learner's clock leads the slowest learner's by at most s.
@@ -89,12 +91,19 @@ def check_trace(trace: Trace, scenario: Scenario) -> None:
     kind = proto.kind
     if kind == "hardsync":
         _fail("hardsync staleness must be 0", trace, g["staleness"] != 0)
-        if np.any(u["n_grads"] != lam):
+        short_ok = (trace.meta.get("kind") == "real"
+                    and bool(trace.meta.get("short_rounds_allowed")))
+        if short_ok:
+            if np.any((u["n_grads"] < 1) | (u["n_grads"] > lam)):
+                raise TraceInvariantError(f"hardsync updates must take 1..{lam} gradients")
+        elif np.any(u["n_grads"] != lam):
             raise TraceInvariantError(f"hardsync updates must take {lam} gradients")
         for v in range(m):
             s = trace.update_slice(v)
-            if np.unique(g["learner"][s]).size != lam:
-                raise TraceInvariantError(f"hardsync update {v} lacks a learner")
+            if np.unique(g["learner"][s]).size != u["n_grads"][v]:
+                raise TraceInvariantError(f"hardsync update {v} takes two gradients of one "
+                                          "learner" if short_ok else
+                                          f"hardsync update {v} lacks a learner")
     elif kind == "softsync":
         c = lam // proto.n
         if np.any(u["n_grads"] != c):

@@ -124,6 +124,19 @@ class Protocol:
         """A gradient reached the PS; call ``sim.apply_update([...])`` when an update is due."""
         raise NotImplementedError
 
+    def on_lost(self, sim: Simulation, learner: int) -> bool:
+        """Real runs only: ``learner`` died and its in-flight gradient is lost.
+
+        Return True if the protocol goes on without that learner until :meth:`on_back` (the
+        PS then calls ``on_back`` once the restarted actor answers, and lets it pull through
+        :meth:`may_pull` again), False (default) if it still expects the gradient (the PS
+        re-sends the same batch to the restarting actor at once).
+        """
+        return False
+
+    def on_back(self, sim: Simulation, learner: int) -> None:
+        """Real runs only: ``learner``, lost (``on_lost`` returned True), was restarted."""
+
 
 @register_protocol("async")
 class Async(Protocol):
@@ -165,13 +178,20 @@ class Hardsync(Protocol):
         super().__init__(cfg, learners)
         self.buffer: list[tuple] = []
         self.barrier = None  # the event "the PS broadcast a new version"
+        # Real runs (on_lost/on_back): learners that are dead or restarting (rounds go on
+        # without them), those of them restarted (they rejoin at the next round), and per
+        # learner the rounds it sat out (its round is batch + missed). Empty/0 in simulations.
+        self.away: set[int] = set()
+        self.back: set[int] = set()
+        self.missed = [0] * learners
 
     def updates_per_gradient(self):
         return 1.0 / self.learners
 
     def may_pull(self, sim, learner, batch):
-        # A learner's batch-th pull needs the version produced by the (batch-1)-th round.
-        if sim.version < batch:
+        # A learner's batch-th pull needs the version produced by the (batch-1)-th round
+        # (counting the rounds it sat out); a learner that is away joins the next round.
+        if learner in self.away or sim.version < batch + self.missed[learner]:
             if self.barrier is None:
                 self.barrier = sim.env.event()
             return self.barrier
@@ -179,8 +199,31 @@ class Hardsync(Protocol):
 
     def on_arrival(self, sim, grad):
         self.buffer.append(grad)
-        if len(self.buffer) == self.learners:
+        self._complete(sim)
+
+    def on_lost(self, sim, learner):
+        """A learner died mid-round (real runs): this round and the next ones complete with
+        the live learners' gradients until it is back (:meth:`on_back`); it then rejoins at
+        the next round. A round keeps at least one learner: if ``learner`` is the last one,
+        the round waits for its restart (returns False)."""
+        if learner in self.away or self.learners - len(self.away) <= 1:
+            return False
+        self.away.add(learner)
+        if self.buffer:
+            self._complete(sim)
+        return True
+
+    def on_back(self, sim, learner):
+        if learner in self.away:
+            self.back.add(learner)
+
+    def _complete(self, sim):
+        if len(self.buffer) == self.learners - len(self.away):
             buf, self.buffer = self.buffer, []
+            for k in self.away:
+                self.missed[k] += 1
+            self.away -= self.back
+            self.back.clear()
             sim.apply_update(buf)
             if self.barrier is not None:
                 barrier, self.barrier = self.barrier, None

@@ -42,8 +42,10 @@ wall time, as the online driver)
 (``checkpoint.npz``: core state, the trace so far, restarts); ``asyncsim real --resume DIR``
 restarts from it: updates applied before the checkpoint are kept, later ones (and any
 gradient not yet applied) are recomputed, each learner restarting at its first unapplied
-batch. Hardsync waits for a dead learner's restarted actor (its round cannot complete
-without it), so its trace keeps exactly λ gradients per update.
+batch. Hardsync waits for live learners only (``Protocol.on_lost``/``on_back``): the round a
+learner dies in, and the rounds while Ray restarts it (the PS probes it with ``ready``),
+complete with the live learners' gradients (updates with ``n_grads < learners``, listed in
+``trace_meta.json`` as ``short_rounds``); it rejoins at the next round start.
 """
 
 from __future__ import annotations
@@ -270,9 +272,21 @@ class PSImpl:
     def _warm_protocol(self) -> None:
         """Re-feed the checkpointed (applied) gradients to a fresh protocol, updates muted,
         so its buffers/clocks match the checkpoint; learners restart at their next batch."""
+        from asyncsim.protocols import Protocol
+
         muted = _Clock(lambda grads: setattr(muted, "version", muted.version + 1))
-        g = self.g
+        g, u = self.g, self.u
+        lam = len(self.next_batch)
+        # A short hardsync round (a learner died, see run()) is replayed as the same
+        # on_lost calls, so the protocol's round bookkeeping matches the checkpoint too.
+        lost_hook = type(self.proto).on_lost is not Protocol.on_lost
+        firsts = {int(st): int(n) for st, n in zip(u["start"], u["n_grads"], strict=True)}
         for i in range(len(g["learner"])):
+            if lost_hook and firsts.get(i, lam) < lam:
+                present = {int(x) for x in g["learner"][i:i + firsts[i]]}
+                for k in range(lam):
+                    if k not in present and self.proto.on_lost(muted, k):
+                        self.proto.on_back(muted, k)  # (all actors are fresh after a resume)
             k = int(g["learner"][i])
             self.proto.on_arrival(muted, (k, int(g["batch"][i]), int(g["read_version"][i]),
                                           g["t_pull"][i], g["t_push"][i], g["t_arrive"][i]))
@@ -302,12 +316,41 @@ class PSImpl:
         else:
             self._serve(k)
 
+    def _probe(self, k: int) -> None:
+        """Ask lost learner ``k``'s actor to get ready: it answers once Ray restarted it."""
+        if not self.stopped:
+            self.probes[self.learners[k].ready.remote(self.jobs[k])] = k
+
+    def _probed(self, ref) -> None:
+        import ray
+
+        k = self.probes.pop(ref)
+        try:
+            pid = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            self.reprobe[k] = time.monotonic() + 0.5  # still restarting: ask again soon
+            return
+        if self.pids.get(k, pid) != pid:
+            self.restarts.append({"event": "restarted", "learner": k,
+                                  "batch": self.next_batch[k], "read_version": -1,
+                                  "t_pull": float("nan"), "t": self.now(),
+                                  "version": self.clock.version, "error": ""})
+        self.pids[k] = pid
+        self.rejoining.add(k)
+        self.proto.on_back(self.clock, k)
+        self._pull(k)
+
     def _serve(self, k: int) -> None:
         if self.stopped:
             return
         b = self.next_batch[k]
         read = self.clock.version
         t_pull = self.now()
+        if k in self.rejoining:
+            self.rejoining.discard(k)
+            self.restarts.append({"event": "rejoined", "learner": k, "batch": b,
+                                  "read_version": read, "t_pull": t_pull, "t": t_pull,
+                                  "version": read, "error": ""})
         ref = self.learners[k].compute.remote(self.jobs[k], self._params(), b)
         self.inflight[ref] = (k, b, read, t_pull)
         kill = self.faults.get("kill_learner")
@@ -383,6 +426,9 @@ class PSImpl:
         self._t_start: dict[tuple[int, int], float] = {}
         self.inflight: dict[Any, tuple] = {}
         self.pids: dict[int, int] = {}
+        self.probes: dict[Any, int] = {}  # ready() calls to lost learners -> learner
+        self.reprobe: dict[int, float] = {}  # learner -> when to probe it again
+        self.rejoining: set[int] = set()
         t_wall = time.perf_counter()
         self.t0 = time.time()
         # A resume from a checkpoint taken at the very end has nothing left to do.
@@ -392,23 +438,37 @@ class PSImpl:
             self._stop("gradients")
         for k in range(len(self.learners)):
             self._pull(k)
-        while not self.stopped and self.inflight:
-            ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+        while not self.stopped and (self.inflight or self.probes or self.reprobe):
+            for k in [k for k, t in self.reprobe.items() if t <= time.monotonic()]:
+                del self.reprobe[k]
+                self._probe(k)
+            ready, _ = ray.wait([*self.inflight, *self.probes], num_returns=1,
+                                timeout=0.25 if self.reprobe else 1.0)
             if max_time is not None and self.now() >= max_time:
                 self._stop("sim_time")
                 break
             for ref in ready:
+                if ref in self.probes:
+                    self._probed(ref)
+                    continue
                 k, b, read, t_pull = self.inflight.pop(ref)
                 try:
                     loss, grads, t_start, t_push, pid = ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
                     # The learner died: its pulled version and in-flight work are lost. The
                     # restarted actor gets the same batch index again (program order kept).
-                    self.restarts.append({"event": "lost", "learner": k, "batch": b,
-                                          "read_version": read, "t_pull": t_pull,
-                                          "t": self.now(), "version": self.clock.version,
-                                          "error": type(e).__name__})
-                    self._serve(k)
+                    ev = {"learner": k, "batch": b, "read_version": read, "t_pull": t_pull,
+                          "t": self.now(), "version": self.clock.version,
+                          "error": type(e).__name__}
+                    self.restarts.append({"event": "lost", **ev})
+                    if self.proto.on_lost(self.clock, k):
+                        # hardsync: rounds go on with the live learners from this one on (it
+                        # may have been applied just now) until the restarted actor answers
+                        # a probe; k then pulls again and rejoins at the next round.
+                        self.restarts.append({"event": "away", **ev})
+                        self._probe(k)
+                    else:
+                        self._serve(k)
                     continue
                 t_arrive = self.now()
                 if self.pids.get(k, pid) != pid:
@@ -428,19 +488,26 @@ class PSImpl:
                 if self.stopped:
                     break
                 self._pull(k)
-        for ref in self.inflight:
+        for ref in [*self.inflight, *self.probes]:
             ray.cancel(ref, force=False)
         wall = time.perf_counter() - t_wall
+        lam = len(self.learners)
+        short = ([v for v, n in zip(self.u["version"], self.u["n_grads"], strict=True)
+                  if n < lam] if any(r["event"] == "away" for r in self.restarts) else [])
         meta = {"stop_reason": self.stop_reason or "stopped", "sim_time": self.now(),
                 "learners": len(self.learners), "protocol": self.scn.protocol.kind,
                 "seed": self.scn.seed, "kind": "real", "clock": "wall seconds",
                 "restarts": self.restarts, "resumes": self.resumes, **(info or {})}
+        if short:
+            # Hardsync rounds completed without a dead learner (check_trace accepts them).
+            meta.update({"short_rounds_allowed": True, "short_rounds": [int(v) for v in short]})
         trace = Trace.from_columns(self.g, self.u, meta)
         res = self.driver.finish(trace, t_wall, kind="real")
         summary = dict(res.summary)
         new = trace.num_updates - self.driver.start_version
         summary.update({"restarts": sum(r["event"] == "restarted" for r in self.restarts),
                         "lost_gradients": sum(r["event"] == "lost" for r in self.restarts),
+                        "short_rounds": len(short),
                         "resumes": len(self.resumes),
                         "real_wall_time": wall, "updates_per_s": new / wall if wall else None,
                         **(info or {})})
@@ -608,6 +675,21 @@ class RealCluster:
         self.learners, self._ps = [], None
 
 
+def _ready(learners: list, jobs: list, *, timeout: float = 300.0) -> list[int]:
+    """Set up the learners for this job; wait for actors that Ray is still restarting (a
+    reused cluster after a run that lost one)."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get([a.ready.remote(j) for a, j in zip(learners, jobs, strict=True)])
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
              force: bool = False, address: str | None = None, emulate_compute: bool = False,
              threads: int | None = None, learner_cpus: float = 0, faults: dict | None = None,
@@ -661,8 +743,8 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
         if "JAX_COMPILATION_CACHE_DIR" in cluster.opts["runtime_env"]["env_vars"]:
             # One learner compiles and fills the persistent cache; the others then load it
             # (on 2 cores, λ concurrent compiles of the same function cost λ times the CPU).
-            ray.get(learners[0].ready.remote(jobs[0]))
-        ray.get([a.ready.remote(j) for a, j in zip(learners, jobs, strict=True)])
+            _ready(learners[:1], jobs[:1])
+        _ready(learners, jobs)
         startup = time.perf_counter() - t_start
         n_train = train_size(scn) if scn.run.epochs is not None else None
         try:
