@@ -14,6 +14,7 @@ The public API::
     again = asyncsim.replay(scn, result.trace)      # exact re-execution, no event loop
 """
 
+from asyncsim import models_imagenet  # noqa: F401  (registers "alexnet", P1-F4)
 from asyncsim.api import TraceResult, simulate, trace_run
 from asyncsim.config import Scenario
 from asyncsim.core import CoreState, UpdateCore, make_core, param_hash, register_lr_rule

@@ -107,7 +107,6 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
         if not todo:
             continue
         if trace_only:
-
             for it in todo:
                 jobs.append((it, _trace_job(it, out / it["point"])))
             continue
@@ -119,9 +118,24 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
             continue
         for it in todo:
             jobs.append((it, _job(it, out / it["point"], trace, progress)))
+
+    def write_index() -> pd.DataFrame:
+        return _write_index(out, items, by_group, share_traces, trace_only)
+
+    write_index()  # a sweep killed part-way still has an index of what finished
     if jobs:
-        results = (executor or _local)([j for _, j in jobs])
-        del results  # summaries are read back from the folders below (one source of truth)
+        if executor is None:
+            # Locally, refresh the index after every job so figures can be drawn mid-sweep.
+            for _, job in jobs:
+                job()
+                write_index()
+        else:
+            executor([j for _, j in jobs])  # summaries are read back from the folders
+    return write_index()
+
+
+def _write_index(out: Path, items, by_group, share_traces: bool,
+                 trace_only: bool) -> pd.DataFrame:
     rows = []
     for it in items:
         folder = out / it["point"]

@@ -1,0 +1,112 @@
+"""P1-F2: speedup vs number of learners at constant mu*lambda.
+
+For each run, the simulated wall-clock time to reach the target test error
+(``[figure] target_test_error`` of the run's scenario) is read off its ``eval.csv``: the first
+evaluation at or below the target, linearly interpolated in simulated time from the one
+before it. Speedup = that time at lambda = 1 (hardsync, the one-learner baseline) divided by
+the time at lambda. A run that never reaches the target has no speedup (NaN, reported).
+
+Outputs: ``NAME.png`` (speedup vs lambda, with the ideal line and P1's 22-28x at 30),
+``NAME.csv`` (every plotted point: protocol, lambda, mu, compute mean, time to target, epochs
+to target, simulated time per epoch, speedup, seeds).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load_points, read_eval, save  # noqa: E402
+
+NAME = "p1_f2_speedup"
+
+
+def time_to_target(ev: pd.DataFrame, target: float) -> tuple[float, float]:
+    """(simulated time, epoch) at which test error first reaches ``target``; NaN if never."""
+    err, t, ep = (ev[c].to_numpy(float) for c in ("test_error", "sim_time", "epoch"))
+    # The evaluation before any update (epoch 0) does not count: a target met by the initial
+    # weights measures nothing.
+    hit = np.flatnonzero((err <= target) & (ep > 0))
+    if hit.size == 0:
+        return float("nan"), float("nan")
+    i = int(hit[0])
+    if i == 0 or err[i - 1] <= target:
+        # Only the (excluded) initial evaluation can be at/below the target before i: no
+        # crossing to interpolate, take the first counted evaluation.
+        return float(t[i]), float(ep[i])
+    # Interpolate between the last evaluation above the target and the first at/below it.
+    f = (err[i - 1] - target) / (err[i - 1] - err[i])
+    return float(t[i - 1] + f * (t[i] - t[i - 1])), float(ep[i - 1] + f * (ep[i] - ep[i - 1]))
+
+
+def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
+    # Trace-only points (`asyncsim trace` of this scenario) still give the time per epoch.
+    points = load_points(Path(sweep_dir), trace_only_ok=True)
+    if points.empty:
+        raise FileNotFoundError(f"{sweep_dir}: no complete runs")
+    fig_cfg = points["scenario"].iloc[0].get("figure", {})
+    target = float(fig_cfg.get("target_test_error", 0.5))
+    paper = fig_cfg.get("paper_speedup_at_30", [22, 28])
+    rows = []
+    for _, p in points.iterrows():
+        s = p["summary"]
+        t, ep = (time_to_target(read_eval(p["folder"]), target) if p["has_eval"]
+                 else (float("nan"), float("nan")))
+        n_train = p["scenario"]["data"].get("n_train")
+        samples = s.get("gradients", 0) * int(p["batch_size"])
+        label = "hardsync" if p["protocol"] == "hardsync" else "λ-softsync, α0/τ"
+        rows.append({"protocol": label, "learners": int(p["learners"]),
+                     "batch_size": int(p["batch_size"]), "seed": p["seed"],
+                     "compute_mean_s": p["scenario"]["cluster"]["compute"].get("mean"),
+                     "time_to_target": t, "epochs_to_target": ep,
+                     # per epoch = per n_train samples actually applied (a trace-only point
+                     # has no epoch count in its summary)
+                     "sim_time_per_epoch": s["sim_time"] / samples * n_train
+                     if samples and n_train else float("nan"),
+                     "final_test_error": s.get("final_test_error"),
+                     "diverged": bool(s.get("diverged")),
+                     "staleness_mean": s.get("staleness_mean")})
+    df = pd.DataFrame(rows)
+    df = (df.groupby(["protocol", "learners"], sort=True)
+          .agg(batch_size=("batch_size", "first"), compute_mean_s=("compute_mean_s", "first"),
+               time_to_target=("time_to_target", "mean"),
+               epochs_to_target=("epochs_to_target", "mean"),
+               sim_time_per_epoch=("sim_time_per_epoch", "mean"),
+               final_test_error=("final_test_error", "mean"),
+               staleness_mean=("staleness_mean", "mean"),
+               diverged=("diverged", "sum"), seeds=("seed", "nunique")).reset_index())
+    base = df[(df["learners"] == 1) & (df["protocol"] == "hardsync")]
+    t1 = float(base["time_to_target"].iloc[0]) if len(base) else float("nan")
+    e1 = float(base["sim_time_per_epoch"].iloc[0]) if len(base) else float("nan")
+    df["speedup"] = t1 / df["time_to_target"]
+    # Throughput-only speedup (time per epoch): what the timing model alone gives.
+    df["speedup_per_epoch"] = e1 / df["sim_time_per_epoch"]
+    df["target_test_error"] = target
+    # lambda = 1 softsync is hardsync (c = 1, tau = 0): draw the baseline on both curves.
+    base = df[(df["learners"] == 1) & (df["protocol"] == "hardsync")]
+    if len(base):
+        soft1 = base.assign(protocol="λ-softsync, α0/τ")
+        df = pd.concat([df, soft1], ignore_index=True).drop_duplicates(
+            ["protocol", "learners"]).sort_values(["protocol", "learners"])
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    lams = np.array(sorted(df["learners"].unique()))
+    ax.plot(lams, lams, color="0.7", ls=":", label="ideal (λ×)")
+    for (proto, d), m in zip(df.groupby("protocol"), ("o", "s"), strict=False):
+        ax.plot(d["learners"], d["speedup"], marker=m, label=f"{proto}: time to target")
+        ax.plot(d["learners"], d["speedup_per_epoch"], marker=m, ls="--", alpha=0.5,
+                label=f"{proto}: time per epoch")
+    ax.errorbar([30], [np.mean(paper)], yerr=[[np.mean(paper) - paper[0]],
+                [paper[1] - np.mean(paper)]], fmt="k*", ms=9, capsize=4, label="P1: 22–28× at 30")
+    ax.set_xlabel("learners λ (μ = 128/λ)")
+    ax.set_ylabel("speedup over λ = 1")
+    ax.set_title(f"P1-F2: simulated time to test error ≤ {target:.2f}", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save(fig, df, out_dir, NAME)
