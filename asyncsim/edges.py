@@ -429,6 +429,7 @@ def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
     from asyncsim.api import simulate
     from asyncsim.replay import last_use
     from asyncsim.sharpness import sharpness
+    from asyncsim.stability import lr_for_delay
 
     num = numerics or Numerics(scn)
     trace = simulate(scn)
@@ -437,8 +438,12 @@ def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
     xs, ys = num.x_train[:samples], num.y_train[:samples]
     state = num.init_state()
     versions = {0: state.params}
-    eta = float(state.hyper["lr"])
     tau = scn.protocol.tau
+    # The rate the run actually uses at delay tau (the stability-edge rule lowers it).
+    eta = (float(lr_for_delay(float(state.hyper["lr"]), tau, scn.optimizer.lr_rule))
+           if tau is not None and scn.optimizer.lr_rule in ("constant", "inverse-staleness",
+                                                             "stability-edge")
+           else float(state.hyper["lr"]))
     tau_edge = 2 * math.sin(math.pi / (4 * tau + 2)) / eta if tau is not None else math.nan
     rows = []
 

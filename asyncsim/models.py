@@ -20,7 +20,9 @@ Built-ins
 ``resnet20`` / ``resnet44``
     P2's CIFAR ResNets (He et al. 2016, option-A identity shortcuts), ~0.27M / ~0.66M params.
 ``mlp``, ``linear``
-    Small baselines; ``linear`` is least squares (a second convex case).
+    Small baselines; ``linear`` is least squares (a second convex case). ``mlp`` options
+    ``activation`` (relu | tanh), ``loss`` (xent | mse on one-hot labels) and ``input_pool``
+    (average-pool images k x k before flattening) serve edge-of-stability studies (P2-F2/F4).
 ``quadratic``
     ``0.5 * sum_i lambda_i (w_i - w*_i)^2`` plus optional gradient noise, for stability studies
     (P2's edge ``eta * lambda_max < 2 sin(pi / (4 tau + 2))``).
@@ -429,32 +431,70 @@ def mlp(
     hidden: Sequence[int] = (128,),
     input_shape: Sequence[int] = (32, 32, 3),
     num_classes: int = 10,
+    activation: str = "relu",
+    loss: str = "xent",
+    input_pool: int = 1,
 ) -> Model:
-    """ReLU MLP on flattened inputs with He-normal init and softmax cross-entropy."""
+    """MLP on flattened inputs; ReLU with He-normal init and softmax cross-entropy by default.
+
+    Options (the defaults reproduce the original model bit for bit):
+
+    * ``activation``: ``"relu"`` (He-normal hidden weights, std ``sqrt(2/fan_in)``) or
+      ``"tanh"`` (LeCun-normal hidden weights, std ``sqrt(1/fan_in)``). The output layer is
+      He-normal times ``sqrt(0.5)`` (= LeCun-normal) either way; biases start at zero.
+    * ``loss``: ``"xent"`` (softmax cross-entropy) or ``"mse"``: squared error against the
+      one-hot labels, ``0.5 * mean_b ||f(x_b) - onehot(y_b)||^2`` (the ``linear`` model's
+      loss; Cohen et al., ICLR 2021, see edge-of-stability most clearly with it).
+      :meth:`Model.error` is the argmax error for both.
+    * ``input_pool``: ``k > 1`` average-pools an image input (``input_shape = (H, W, C)``,
+      ``H`` and ``W`` divisible by ``k``) over non-overlapping ``k x k`` windows before
+      flattening, e.g. 32x32x3 -> 8x8x3 = 192 features at ``k = 4``: a cheap low-dimensional
+      input for CPU-scale studies. ``input_shape`` stays the un-pooled shape.
+    """
     empty = isinstance(hidden, Sequence) and not isinstance(hidden, str) and len(hidden) == 0
     hidden = () if empty else _as_shape(hidden, "hidden")
     input_shape = _as_shape(input_shape, "input_shape")
     num_classes = _pos_int(num_classes, "num_classes")
-    sizes = [int(np.prod(input_shape)), *hidden, num_classes]
+    activation = _choice(activation, "activation", ("relu", "tanh"))
+    loss_kind = _choice(loss, "loss", ("xent", "mse"))
+    act = jax.nn.relu if activation == "relu" else jnp.tanh
+    hidden_gain = 1.0 if activation == "relu" else math.sqrt(0.5)
+    pool = _pos_int(input_pool, "input_pool")
+    if pool > 1 and (len(input_shape) != 3 or input_shape[0] % pool or input_shape[1] % pool):
+        raise ValueError(f"input_pool = {pool} needs input_shape (H, W, C) with H and W "
+                         f"divisible by it, got {input_shape}")
+    n_in = int(np.prod(input_shape)) // (pool * pool)
+    sizes = [n_in, *hidden, num_classes]
     names = [f"dense{i + 1}" for i in range(len(sizes) - 2)] + ["fc"]
 
     def init_fn(key: jax.Array) -> PyTree:
         keys = jax.random.split(key, len(names))
         return {
             name: {
-                "w": _he_normal(k, (a, b), a) * (1.0 if name != "fc" else math.sqrt(0.5)),
+                "w": _he_normal(k, (a, b), a) * (hidden_gain if name != "fc" else math.sqrt(0.5)),
                 "b": jnp.zeros((b,), jnp.float32),
             }
             for k, name, a, b in zip(keys, names, sizes[:-1], sizes[1:], strict=True)
         }
 
     def apply(params: PyTree, x: jax.Array) -> jax.Array:
+        if pool > 1:
+            hh, ww, cc = input_shape
+            x = x.reshape(x.shape[0], hh // pool, pool, ww // pool, pool, cc).mean(axis=(2, 4))
         h = x.reshape(x.shape[0], -1)
         for name in names[:-1]:
-            h = jax.nn.relu(h @ params[name]["w"] + params[name]["b"])
+            h = act(h @ params[name]["w"] + params[name]["b"])
         return h @ params["fc"]["w"] + params["fc"]["b"]
 
-    return _classifier("mlp", init_fn, apply, input_shape, num_classes)
+    if loss_kind == "xent":
+        return _classifier("mlp", init_fn, apply, input_shape, num_classes)
+
+    def mse(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
+        pred = apply(params, x).astype(jnp.float32)
+        target = jax.nn.one_hot(y, num_classes, dtype=jnp.float32)
+        return 0.5 * jnp.mean(jnp.sum((pred - target) ** 2, axis=-1))
+
+    return Model("mlp", init_fn, apply, mse, input_shape, num_classes)
 
 
 @register_model("linear")

@@ -103,7 +103,8 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
         by_group.setdefault(it["group"], []).append(it)
     jobs: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
     for g, members in by_group.items():
-        todo = [it for it in members if force or not runs.is_complete(out / it["point"])]
+        todo = [it for it in members
+                if force or not _up_to_date(out / it["point"], it["scenario"])]
         if not todo:
             continue
         if trace_only:
@@ -155,6 +156,22 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
     index = pd.DataFrame(rows)
     runs.atomic_write_text(out / INDEX, index.to_csv(index=False))
     return index
+
+
+def _up_to_date(folder: Path, scn: Scenario) -> bool:
+    """A complete point folder whose saved scenario is this point's (folders are named by
+    position, so an edited sweep file must not silently reuse another setup's run)."""
+    if not runs.is_complete(folder):
+        return False
+    import tomllib
+
+    try:
+        saved = tomllib.loads((folder / "scenario.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    want = tomllib.loads(runs.dump_toml({k: v for k, v in to_dict(scn).items()
+                                         if k != "source"}))
+    return saved == want
 
 
 def _hyper_only(todo, scn: Scenario):

@@ -1,0 +1,64 @@
+"""Smoke-profile tests of the P2-F4 and P2-F2 figure scenarios: each runs its sweep end to
+end (P2-F4: a tiny full-batch tanh MLP with MSE; P2-F2: quadratic traces plus P2-F4's runs
+as network points and replayed sharpness trajectories), draws its figure under pytest's
+tmp_path and redraws it from the run folders only. Outputs never go to figures/.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from asyncsim.cli import main
+from asyncsim.figures import draw_figure
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("p2") / "runs"
+    for name in ("p2_f4", "p2_f2"):  # P2-F2 reads P2-F4's sweep (its network points)
+        rc = main(["run", str(REPO / "scenarios" / f"{name}.toml"), "--profile", "smoke",
+                   "--out", str(runs / f"{name}-smoke"), "--quiet"])
+        assert rc == 0
+    return runs
+
+
+def test_p2_f4_smoke(smoke_runs, tmp_path):
+    out = smoke_runs / "p2_f4-smoke"
+    index = pd.read_csv(out / "index.csv")
+    assert len(index) == 4 and (index["status"] == "complete").all()
+    # budget: updates scale as 1/sin(pi/(4 tau + 2)) for both rules
+    assert dict(zip(index["protocol.tau"], index["updates"], strict=False)) == {0: 20, 2: 65}
+    data = pd.read_csv(out / "figures" / "p2_f4.csv")
+    assert set(data["lr_rule"]) == {"constant", "stability-edge"}
+    ok = data[~data["diverged"]]
+    assert (ok["sharpness"] > 0).all()
+    assert (abs(ok["sharpness"] / ok["sharpness_lanczos"] - 1) < 0.05).all()
+    edge = data.loc[data["lr_rule"] == "stability-edge"]
+    for _, r in edge.iterrows():
+        assert math.isclose(r["eta"], r["eta0"] * math.sin(math.pi / (4 * r["tau"] + 2)))
+        assert math.isclose(r["bound"], 2 / r["eta0"])
+    again = draw_figure("p2_f4", out, tmp_path / "redraw")
+    assert (tmp_path / "redraw" / "p2_f4.png").stat().st_size > 1000 and len(again) == 2
+
+
+def test_p2_f2_smoke_has_network_points_and_trajectories(smoke_runs):
+    out = smoke_runs / "p2_f2-smoke"
+    figs = out / "figures"
+    assert (figs / "p2_f2.png").stat().st_size > 1000
+    data = pd.read_csv(figs / "p2_f2.csv")
+    quad = data[data["source"] == "quadratic"]
+    rr = quad[quad["schedule"] == "round-robin"]
+    assert (abs(rr["rel_error"]) < 1e-2).all()
+    net = data[data["source"].str.startswith("mlp final")]
+    assert len(net) >= 2 and (net["measured"] > 0).all()
+    traj = pd.read_csv(figs / "p2_f2_trajectories.csv")
+    assert set(zip(traj["tau"], traj["lr_rule"], strict=True)) == {
+        (0, "constant"), (2, "stability-edge")}
+    assert (traj.groupby("tau")["update"].max() == pd.Series({0: 20, 2: 65})).all()
+    assert traj["sharpness"].notna().all()
