@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from asyncsim.runs import jsonable
+
 GRAD_COLUMNS: dict[str, type] = {
     "learner": np.int32,
     "batch": np.int64,  # the learner's local step: its k-th gradient (P1: one mini-batch each)
@@ -146,7 +148,7 @@ class Trace:
             pd.DataFrame(dict(table)).to_parquet(tmp, index=False)
             os.replace(tmp, folder / f"{name}.parquet")
         tmp = folder / ".trace_meta.json.tmp"
-        tmp.write_text(json.dumps(_jsonable(dict(self.meta)), indent=1, sort_keys=True))
+        tmp.write_text(json.dumps(jsonable(dict(self.meta)), indent=1, sort_keys=True))
         os.replace(tmp, folder / "trace_meta.json")
 
     @classmethod
@@ -159,12 +161,3 @@ class Trace:
         return cls.from_columns({k: g[k].to_numpy() for k in g.columns},
                                 {k: u[k].to_numpy() for k in u.columns}, meta)
 
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
