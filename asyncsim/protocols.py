@@ -21,8 +21,8 @@ it runs unchanged in trace-only, online and real (Ray) runs. Built-ins (P1, P2, 
 ``ssp`` (``s``)
     Stale synchronous parallel (Ho et al., NIPS 2013): each gradient is applied on arrival,
     but a learner whose clock (its number of pushed gradients) leads the slowest learner's by
-    more than ``s`` waits before pulling. The bound is on clocks, as in SSP; the resulting PS
-    staleness is at most (s + 1)·(λ − 1) + s... in practice far less (see tests).
+    more than ``s`` waits before pulling. The bound is on clocks, as SSP defines it; the PS
+    staleness of a gradient is not bounded by s (it still grows with λ).
 
 Plug-ins: subclass :class:`Protocol`, decorate with :func:`register_protocol` or expose it
 through the entry-point group ``asyncsim.protocols``.

@@ -34,10 +34,6 @@ from asyncsim.config import Scenario, from_dict, to_dict
 from asyncsim.errors import ScenarioError
 
 PROFILES = ("smoke", "default", "paper")
-MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "nesterov", "shifted")
-FIXED_DELAY_SCHEDULES = ("round-robin", "random", "normal")
-# Sweeps over these keys change numerics only: one trace can serve every point (replay).
-NUMERIC_KEYS = ("optimizer.", "seed_numerics")
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -237,9 +233,9 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     if o.lr_rule not in core.available_lr_rules():
         raise ScenarioError("optimizer.lr_rule", f"unknown rule {o.lr_rule!r}; allowed: "
                             f"{', '.join(core.available_lr_rules())}")
-    if o.momentum.kind not in MOMENTUM_KINDS:
+    if o.momentum.kind not in core.MOMENTUM_KINDS:
         raise ScenarioError("optimizer.momentum.kind", f"unknown momentum {o.momentum.kind!r}; "
-                            f"allowed: {', '.join(MOMENTUM_KINDS)}")
+                            f"allowed: {', '.join(core.MOMENTUM_KINDS)}")
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
     _positive("optimizer.weight_decay", o.weight_decay, allow_zero=True)
@@ -363,7 +359,3 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
     except ScenarioError as e:
         raise ScenarioError(f"sweep.{e.key}", e.message) from None
 
-
-def is_numeric_only(point_keys: Iterable[str]) -> bool:
-    """True when a sweep varies only numerics (the timing, hence the trace, is shared)."""
-    return all(k.startswith("optimizer.") for k in point_keys)
