@@ -126,9 +126,8 @@ def trajectory(folder: Path, *, n_points: int = 40, samples: int | None = None,
         DataFrame: update, sharpness, train_loss (on the sharpness set), eta, tau, lr_rule,
         edge (2 sin(π/(4τ+2))), bound (edge/η), eta_lambda (η·λ_max).
     """
-    from asyncsim.core import param_hash
     from asyncsim.engine import Numerics
-    from asyncsim.replay import last_use
+    from asyncsim.replay import replay
     from asyncsim.scenario import load_scenario
     from asyncsim.trace import Trace
 
@@ -144,33 +143,22 @@ def trajectory(folder: Path, *, n_points: int = 40, samples: int | None = None,
     eta = float(f4.eta_of(scn.optimizer.lr, tau, rule))
     edge = 2 * math.sin(math.pi / (4 * tau + 2))
     every = max(1, trace.num_updates // n_points)
-    lu = last_use(trace)
-    g, u = trace.grads, trace.updates
-    state = num.init_state()
-    versions = {0: state.params}
     rows = []
 
-    def log(v):
-        loss = float(num.model.loss(state.params, xs, ys))
-        sh = (f4.lambda_max(num.model, state.params, xs, ys, method="lanczos",
+    def log(v, params):
+        loss = float(num.model.loss(params, xs, ys))
+        sh = (f4.lambda_max(num.model, params, xs, ys, method="lanczos",
                             max_iter=lanczos_steps, tol=1e-4)
               if math.isfinite(loss) else math.nan)
         rows.append({"update": v, "sharpness": sh, "train_loss": loss, "eta": eta, "tau": tau,
                      "lr_rule": rule, "edge": edge, "bound": edge / eta,
                      "eta_lambda": eta * sh})
 
-    log(0)
-    for v in range(trace.num_updates):
-        s = int(u["start"][v])
-        rows_v = [(int(g["learner"][i]), int(g["batch"][i]), int(g["read_version"][i]),
-                   int(g["staleness"][i])) for i in range(s, s + int(u["n_grads"][v]))]
-        state, _ = num.update(state, versions, v, rows_v)
-        versions[v + 1] = state.params
-        for k in [k for k in versions if k != v + 1 and (k >= lu.size or lu[k] <= v)]:
-            del versions[k]
-        if (v + 1) % every == 0 or v + 1 == trace.num_updates:
-            log(v + 1)
-    if not summary.get("diverged") and param_hash(state.params) != summary.get("param_hash"):
+    log(0, num.init_params())
+    # The run's own trace through the shared replay: bit-identical to the run.
+    res = replay(scn, trace, numerics=num, observe=lambda v, st: log(v, st.params),
+                 observe_every=every)
+    if not summary.get("diverged") and res.summary["param_hash"] != summary.get("param_hash"):
         raise RuntimeError(f"{folder}: replayed parameters differ from the run's param_hash")
     return pd.DataFrame(rows)
 

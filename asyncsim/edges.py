@@ -427,17 +427,14 @@ def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
         protocol has none), sync_edge (``2/η``), diverged.
     """
     from asyncsim.api import simulate
-    from asyncsim.replay import last_use
+    from asyncsim.replay import replay
     from asyncsim.sharpness import sharpness
     from asyncsim.stability import lr_for_delay
 
     num = numerics or Numerics(scn)
     trace = simulate(scn)
-    lu = last_use(trace)
-    g, u = trace.grads, trace.updates
     xs, ys = num.x_train[:samples], num.y_train[:samples]
     state = num.init_state()
-    versions = {0: state.params}
     tau = scn.protocol.tau
     # The rate the run actually uses at delay tau (the stability-edge rule lowers it).
     eta = (float(lr_for_delay(float(state.hyper["lr"]), tau, scn.optimizer.lr_rule))
@@ -454,18 +451,15 @@ def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
         rows.append({"update": v, "sharpness": sh, "train_loss": loss, "lr": eta,
                      "tau_edge": tau_edge, "sync_edge": 2.0 / eta, "diverged": diverged})
 
+    def observe(v, st):
+        finite = all(bool(np.all(np.isfinite(np.asarray(x))))
+                     for x in jax.tree_util.tree_leaves(st.params))
+        log(v, st.params, diverged=not finite)
+        return finite  # stop at the first non-finite parameters
+
     log(0, state.params)
-    for v in range(trace.num_updates):
-        s = int(u["start"][v])
-        rows_v = [(int(g["learner"][i]), int(g["batch"][i]), int(g["read_version"][i]),
-                   int(g["staleness"][i])) for i in range(s, s + int(u["n_grads"][v]))]
-        state, losses = num.update(state, versions, v, rows_v)
-        versions[v + 1] = state.params
-        for k in [k for k in versions if k != v + 1 and (k >= lu.size or lu[k] <= v)]:
-            del versions[k]
-        if (v + 1) % every == 0 or v + 1 == trace.num_updates:
-            if not bool(np.all(np.isfinite(np.asarray(losses)))):
-                log(v + 1, state.params, diverged=True)
-                break
-            log(v + 1, state.params)
+    res = replay(scn, trace, numerics=num, observe=observe, observe_every=every)
+    if res.summary["diverged"] and not rows[-1]["diverged"]:
+        # The driver stopped the replay at a diverged update between two observations.
+        log(res.trace.num_updates, res.params, diverged=True)
     return pd.DataFrame(rows)

@@ -84,13 +84,16 @@ def replay_memory(trace: Trace, n_params: int, *, bytes_per_param: int = 4) -> d
 def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force: bool = False,
            numerics: Numerics | None = None, hyper: Mapping[str, float] | None = None,
            max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
-           kind: str = "replay") -> RunResult:
+           kind: str = "replay", observe=None, observe_every: int = 0) -> RunResult:
     """Execute ``trace``'s numerics under ``scn`` (its optimizer, model, data, seed).
 
     Args:
         hyper: overrides of the core's ``lr``, ``beta``, ``weight_decay`` for this replay.
         max_memory: bytes of parameter versions allowed; a larger need raises
             :class:`ReplayMemoryError` before anything is allocated.
+        observe: ``observe(version, state)`` is called with the core state after every
+            ``observe_every`` updates and after the last one (e.g. to log sharpness along
+            the way); returning ``False`` stops the replay there.
     """
     num = numerics or Numerics(scn)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
@@ -125,6 +128,11 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
             if driver.on_update(v, rows, alive=alive, now=times[v]) is False:
                 stopped_at = v + 1
                 break
+            if observe is not None and observe_every and (
+                    (v + 1) % observe_every == 0 or v + 1 == trace.num_updates):
+                if observe(v + 1, driver.state) is False:
+                    stopped_at = v + 1
+                    break
     finally:
         if driver.pbar is not None:
             driver.pbar.close()
