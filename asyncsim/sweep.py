@@ -171,7 +171,31 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
         return False
     want = tomllib.loads(runs.dump_toml({k: v for k, v in to_dict(scn).items()
                                          if k != "source"}))
-    return saved == want
+    return _with_defaults(saved) == _with_defaults(want)
+
+
+def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
+    """Fill the model's and data set's unstated options with their factories' defaults, so
+    a saved scenario that spells out a default equals one that leaves it out."""
+    import inspect
+    import tomllib
+
+    from asyncsim.data import _DATASETS
+    from asyncsim.models import _MODELS
+
+    for section, registry in (("model", _MODELS), ("data", _DATASETS)):
+        sec = d.get(section)
+        factory = registry.get(sec.get("name")) if isinstance(sec, dict) else None
+        if factory is None:
+            continue
+        for name, p in inspect.signature(factory).parameters.items():
+            if name in sec or name == "seed" or p.default in (p.empty, None):
+                continue
+            try:  # through TOML, so a default tuple compares equal to a saved list
+                sec[name] = tomllib.loads(runs.dump_toml({"v": p.default}))["v"]
+            except (TypeError, tomllib.TOMLDecodeError):
+                continue
+    return d
 
 
 def _hyper_only(todo, scn: Scenario):
