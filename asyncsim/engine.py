@@ -85,10 +85,6 @@ class _Shared:
         self.grad_one = jax.jit(one)
         self.grad_group = jax.jit(jax.vmap(one, in_axes=(None, None, None, 0, 0)))
 
-        def stack(*xs):
-            return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)
-
-        self.stack = jax.jit(stack)
 
         def eval_batch(params, x, y):
             return model.loss(params, x, y), model.error(params, x, y)
@@ -161,7 +157,6 @@ class Numerics:
         self._grad_group = shared.grad_group
         self._eval_batch = shared.eval_batch
         self._shared = shared
-        self._stack = shared.stack
         core_apply = self.core.apply
 
         def apply(state, grads, staleness, learner_ids, step):
@@ -200,17 +195,9 @@ class Numerics:
         return self.core.init(self.init_params(), **hyper)
 
     # ------------------------------------------------------------------ one update
-    def gradients(self, versions: dict[int, Any], rows: Sequence[Row]):
-        """Losses [c] and stacked gradients (leading axis c) of an update's rows, in order."""
-        if self.grouping == "none" or len(rows) == 1:
-            outs = [self._grad_one(versions[r], self.x_train, self.y_train,
-                                   np.int32(l), np.int32(b)) for l, b, r, _ in rows]
-            if len(outs) == 1:
-                loss, g = outs[0]
-                return loss[None], jax.tree_util.tree_map(lambda a: a[None], g)
-            losses = jnp.stack([o[0] for o in outs])
-            return losses, self._stack(*[o[1] for o in outs])
-        # Group rows that read the same version into one vmapped call, then restore order.
+    def _grouped_gradients(self, versions: dict[int, Any], rows: Sequence[Row]):
+        """Losses [c] and stacked gradients (leading axis c) of an update's rows, in order,
+        with one vmapped call per read version (``grouping="version"``)."""
         groups: dict[int, list[int]] = {}
         for i, (_, _, r, _) in enumerate(rows):
             groups.setdefault(r, []).append(i)
@@ -241,17 +228,15 @@ class Numerics:
             (l, b, r, tau), = rows
             return self._fused1(state, versions[r], self.x_train, self.y_train, np.int32(l),
                                 np.int32(b), np.int32(tau), np.int32(version))
+        staleness = np.asarray([row[3] for row in rows], np.int32)
+        learners = np.asarray([row[0] for row in rows], np.int32)
         if self.grouping == "none":
             outs = [self._grad_one(versions[r], self.x_train, self.y_train,
                                    np.int32(l), np.int32(b)) for l, b, r, _ in rows]
-            staleness = np.asarray([row[3] for row in rows], np.int32)
-            learners = np.asarray([row[0] for row in rows], np.int32)
             state = self._stack_apply(state, tuple(o[1] for o in outs), staleness, learners,
                                       np.int32(version))
             return state, jnp.stack([o[0] for o in outs])
-        losses, grads = self.gradients(versions, rows)
-        staleness = np.asarray([row[3] for row in rows], np.int32)
-        learners = np.asarray([row[0] for row in rows], np.int32)
+        losses, grads = self._grouped_gradients(versions, rows)
         state = self._apply(state, grads, staleness, learners, np.int32(version))
         return state, losses
 

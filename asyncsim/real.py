@@ -374,7 +374,8 @@ class PSImpl:
             rows.append((learner, batch, read, v - read))
             gs.append(gr)
             losses.append(loss)
-        # Same values, same order, same dtype as Numerics.gradients -> same apply input.
+        # The learners computed these with the same jitted gradient function, in the order
+        # the protocol took them: the apply input a replay of this trace computes itself.
         stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *gs)
         ok = self.driver.apply_real(v, rows, stacked, np.asarray(losses, np.float32),
                                     now_fn=self.now)
