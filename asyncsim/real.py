@@ -146,7 +146,7 @@ class LearnerImpl:
                                                  np.int32(self.learner), np.int32(0)))
         return os.getpid()
 
-    def compute(self, job, params, batch: int):
+    def compute(self, job, params, batch: int, die: bool = False):
         import jax
 
         if self.job_id != job[0]:
@@ -155,6 +155,11 @@ class LearnerImpl:
         loss, g = self.num._grad_one(params, self.num.x_train, self.num.y_train,
                                      np.int32(self.learner), np.int32(batch))
         loss, g = jax.device_get((loss, g))
+        if die:
+            # Fault injection: the process dies with this gradient computed but not sent,
+            # so the loss always falls on this task (a kill from outside could land after
+            # a fast gradient was already returned, or while the learner waits idle).
+            os._exit(1)
         if self.sleep is not None:
             time.sleep(self.sleep.next(0.0))
         return np.asarray(loss), g, t_start, time.time(), os.getpid()
@@ -211,8 +216,8 @@ class PSImpl:
         learners: the learner actor handles, index = learner id.
         resume: restart from ``folder/checkpoint.npz`` when it exists.
         faults: fault injection for tests and demos: ``{"kill_learner": [id, version]}``
-            (``ray.kill(actor, no_restart=False)`` right after serving that learner a pull
-            at that version or later, so one of its gradients is in flight) and
+            (the learner's process exits inside the first gradient it computes from a pull
+            at that version or later, before returning it; Ray restarts the actor) and
             ``{"crash_ps_at": N}`` (the PS process exits right after update N and its
             checkpoint, like a crash).
     """
@@ -351,15 +356,12 @@ class PSImpl:
             self.restarts.append({"event": "rejoined", "learner": k, "batch": b,
                                   "read_version": read, "t_pull": t_pull, "t": t_pull,
                                   "version": read, "error": ""})
-        ref = self.learners[k].compute.remote(self.jobs[k], self._params(), b)
-        self.inflight[ref] = (k, b, read, t_pull)
         kill = self.faults.get("kill_learner")
-        if kill is not None and kill[0] == k and read >= kill[1]:
-            # Fault injection: kill the learner while this gradient is in flight.
-            import ray
-
+        die = kill is not None and kill[0] == k and read >= kill[1]
+        if die:
             del self.faults["kill_learner"]
-            ray.kill(self.learners[k], no_restart=False)
+        ref = self.learners[k].compute.remote(self.jobs[k], self._params(), b, die)
+        self.inflight[ref] = (k, b, read, t_pull)
 
     def _apply_update(self, grads: list[tuple]) -> None:
         """The protocol's ``apply_update``: stack the taken gradients in order, apply, record."""
