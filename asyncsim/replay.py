@@ -139,6 +139,7 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
     if stopped_at < trace.num_updates:
         trace = truncate(trace, stopped_at)
     result = driver.finish(trace, t0, kind=kind)
+    result.summary["replay_path"] = "loop"
     result.summary["replay_versions_held"] = need["versions"]
     result.summary["replay_version_bytes"] = need["bytes"]
     if folder is not None:
@@ -219,20 +220,45 @@ def hyper_of(point: Mapping[str, Any]) -> dict[str, float] | None:
     return {_HYPER[k]: float(v) for k, v in point.items()}
 
 
+def _vmapped_programs(num: Numerics) -> dict[str, Any]:
+    """The vmapped (over the sweep points' core states) jitted functions, compiled once per
+    :class:`Numerics` rather than once per call."""
+    cache = num.__dict__.get("_vmap_programs")
+    if cache is None:
+        cache = num.__dict__["_vmap_programs"] = {
+            "f1": jax.jit(jax.vmap(num._fused1_raw,
+                                   in_axes=(0, 0, None, None, None, None, None, None))),
+            "grad": jax.jit(jax.vmap(num._shared.one, in_axes=(0, None, None, None, None))),
+            "apply": jax.jit(jax.vmap(num._stack_apply_raw, in_axes=(0, 0, None, None, None))),
+            "eval": jax.jit(jax.vmap(num._shared.eval_batch_raw, in_axes=(0, None, None))),
+        }
+    return cache
+
+
 def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
                    numerics: Numerics | None = None, outs: Sequence[Path | None] | None = None,
-                   max_memory: int = DEFAULT_MAX_MEMORY) -> list[RunResult]:
+                   max_memory: int = DEFAULT_MAX_MEMORY, path: str = "loop",
+                   chunk: int = 512) -> list[RunResult]:
     """Replay one trace under several (lr, beta, weight_decay) settings in one program.
 
     The core state carries its hyperparameters (``CoreState.hyper``), so the P settings are
     a leading axis of the state and each update is one vmapped call for all of them: on a
-    small model this removes P−1 of every P dispatches. Each point's result equals its own
-    :func:`replay` up to floating-point reassociation under vmap (tested to 1e-5).
+    small model this removes P−1 of every P dispatches. ``path="scan"`` (traces with the
+    same number of gradients in every update) runs chunks of updates for all P points as
+    one compiled ``lax.scan`` over a ring of versions (as :func:`replay_scan`), which also
+    removes the per-update dispatch. Each point's result equals its own :func:`replay` up to
+    floating-point reassociation under vmap (tested to 1e-5).
     """
+    if path not in ("loop", "scan"):
+        raise ValueError(f"path must be loop or scan, got {path!r}")
     num = numerics or Numerics(scn)
     P = len(hypers)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
-    need = replay_memory(trace, num_params(shapes) * P)
+    n_params = num_params(shapes)
+    need = replay_memory(trace, n_params * P)
+    if path == "scan":
+        need["versions"] = trace.max_staleness + 1  # the ring holds S + 1, live or not
+        need["bytes"] = need["bound_bytes"]
     if need["bytes"] > max_memory:
         raise ReplayMemoryError(f"a vmapped replay of {P} points holds {need['versions']} "
                                 f"versions x {P}: {need['bytes'] / 2**20:.1f} MiB > "
@@ -242,10 +268,8 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     p0 = num.init_params()
     states = [num.core.init(p0, **dict(h)) for h in hypers]
     state = tm(lambda *a: jax.numpy.stack(a), *states)
-    f1 = jax.jit(jax.vmap(num._fused1_raw, in_axes=(0, 0, None, None, None, None, None, None)))
-    grad_v = jax.jit(jax.vmap(num._shared.one, in_axes=(0, None, None, None, None)))
-    apply_v = jax.jit(jax.vmap(num._stack_apply_raw, in_axes=(0, 0, None, None, None)))
-    eval_v = jax.jit(jax.vmap(num._shared.eval_batch_raw, in_axes=(0, None, None)))
+    progs = _vmapped_programs(num)
+    f1, grad_v, apply_v, eval_v = progs["f1"], progs["grad"], progs["apply"], progs["eval"]
     x, y = num.x_train, num.y_train
     r = scn.run
     versions = {0: state.params}
@@ -272,7 +296,26 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
             evals[k].append((version, applied, now, tot_l[k] / max(n, 1), tot_e[k] / max(n, 1)))
 
     evaluate(0, 0.0)
-    for v in range(trace.num_updates):
+    if path == "scan":
+        m = trace.num_updates
+        c = int(counts[0]) if m else 1
+        if m == 0 or np.any(trace.updates["n_grads"] != c):
+            raise ValueError("path='scan' needs the same number of gradients in every update")
+        R = trace.max_staleness + 1
+        run_chunk = _scan_program(num, c, R, vmapped=True)
+        ring = tm(lambda p: jax.numpy.broadcast_to(p[:, None], (P, R, *p.shape[1:])),
+                  state.params)
+        xs_all = _scan_inputs(trace, c, R)
+        carry = (state, ring)
+        every = r.eval_every or m
+        for s, e in _chunks(m, chunk, every):
+            carry, losses = run_chunk(carry, tuple(a[s:e] for a in xs_all))
+            pending.append(losses.reshape(P, -1))
+            applied = e * c
+            state = carry[0]
+            if r.eval_every and e % every == 0:
+                evaluate(e, times[e - 1])
+    for v in range(trace.num_updates) if path == "loop" else ():
         s0, c = starts[v], counts[v]
         alive.v = v
         if c == 1:
@@ -315,6 +358,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
         res = d.finish(trace, t0, kind="run")
         res.summary["wall_time"] = wall / P
         res.summary["vmapped_points"] = P
+        res.summary["replay_path"] = path
         if folder is not None:
             runs.write_summary(folder, res.summary)
         results.append(res)
@@ -360,37 +404,57 @@ def _with_hyper(scn: Scenario, hyper: Mapping[str, float]) -> Scenario:
 
 def vmap_pays(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
               numerics: Numerics | None = None, probe_updates: int = 12) -> bool:
-    """Measure whether one vmapped replay of the points beats replaying them one by one.
+    """Whether one vmapped replay of the points beats replaying them one by one here
+    (:func:`sweep_path`'s first answer)."""
+    return sweep_path(scn, trace, hypers, numerics=numerics,
+                      probe_updates=probe_updates)[0] == "vmapped"
 
-    Both paths are compiled and timed on the first ``probe_updates`` updates (after a
-    warm-up), so the choice is made for this model, batch and backend, as DESIGN.md asks.
+
+def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
+               numerics: Numerics | None = None,
+               probe_updates: int = 12) -> tuple[str, str]:
+    """How to replay P hyperparameter points over one trace fastest on this machine:
+    ``("vmapped" | "single", "loop" | "scan")``.
+
+    Each candidate is compiled, then timed on the first ``probe_updates`` updates: the P
+    points one by one with the loop (:func:`replay`) or the scan (:func:`replay_scan`), and
+    all P at once with :func:`replay_vmapped` on either path. The scan is a candidate only
+    when every update takes the same number of gradients. So the choice is made for this
+    model, batch and backend, as DESIGN.md asks (vmapping saves dispatches, not FLOPs: it
+    wins on small models and loses nothing measurable when the FLOPs dominate).
     """
-    if len(hypers) < 2 or trace.num_updates < 2 * probe_updates:
-        return False
     import dataclasses
 
+    if len(hypers) < 2 or trace.num_updates < 2 * probe_updates:
+        return ("single", "loop")
     num = numerics or Numerics(scn)
     probe = truncate(trace, probe_updates)
     quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
                                                              eval_samples=1))
     qnum = Numerics(quiet)
     qnum._shared = num._shared
-    replay(quiet, probe, numerics=qnum, hyper=hypers[0])
-    replay_vmapped(quiet, probe, hypers, numerics=qnum)
-    t0 = time.perf_counter()
-    replay(quiet, probe, numerics=qnum, hyper=hypers[0])
-    single = (time.perf_counter() - t0) * len(hypers)
-    t0 = time.perf_counter()
-    replay_vmapped(quiet, probe, hypers, numerics=qnum)
-    vmapped = time.perf_counter() - t0
-    return vmapped < single
+    counts = probe.updates["n_grads"]
+    paths = ["loop", "scan"] if np.all(counts == counts[0]) else ["loop"]
+    single = {"loop": lambda: replay(quiet, probe, numerics=qnum, hyper=hypers[0]),
+              "scan": lambda: replay_scan(quiet, probe, numerics=qnum, hyper=hypers[0])}
+    timings: dict[tuple[str, str], float] = {}
+    for path in paths:
+        for mode, fn in (("single", single[path]),
+                         ("vmapped", lambda path=path: replay_vmapped(
+                             quiet, probe, hypers, numerics=qnum, path=path))):
+            fn()  # compile
+            t0 = time.perf_counter()
+            fn()
+            timings[(mode, path)] = (time.perf_counter() - t0) * (
+                len(hypers) if mode == "single" else 1)
+    return min(timings, key=timings.get)
 
 
 # ----------------------------------------------------------------------------- scan path
 def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
                 hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
                 force: bool = False, chunk: int = 512,
-                max_memory: int = DEFAULT_MAX_MEMORY) -> RunResult:
+                max_memory: int = DEFAULT_MAX_MEMORY, kind: str = "replay") -> RunResult:
     """Replay as compiled chunks: ``lax.scan`` over updates with a device ring buffer.
 
     The last S + 1 parameter versions (S = the trace's maximum staleness) live in one
@@ -432,12 +496,66 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     state = driver.state
     tm = jax.tree_util.tree_map
     ring = tm(lambda p: jnp.broadcast_to(p, (R, *p.shape)), state.params)
-    g = trace.grads
-    L = g["learner"].reshape(m, c).astype(np.int32)
-    B = g["batch"].reshape(m, c).astype(np.int32)
-    RD = (g["read_version"].reshape(m, c) % R).astype(np.int32)
-    T = g["staleness"].reshape(m, c).astype(np.int32)
-    V = np.arange(m, dtype=np.int32)
+    run_chunk = _scan_program(num, c, R, vmapped=False)
+    xs_all = _scan_inputs(trace, c, R)
+    every = scn.run.eval_every or m
+    times = trace.updates["time"]
+    losses_all = []
+    carry = (state, ring)
+    for s, e in _chunks(m, chunk, every):
+        carry, losses = run_chunk(carry, tuple(a[s:e] for a in xs_all))
+        losses_all.append(losses)
+        driver.grads_applied = e * c
+        if scn.run.eval_every and e % every == 0:
+            driver.state = carry[0]
+            driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
+                [np.asarray(x) for x in losses_all]))
+            losses_all = []
+            driver.now = float(times[e - 1])
+            driver.evaluate(e)
+    driver.state = carry[0]
+    if losses_all:
+        driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
+            [np.asarray(x) for x in losses_all]))
+    driver.rec.pending_base = len(driver.rec.losses)
+    driver.diverged_at = _first_bad(driver.rec.losses)
+    driver.now = float(times[-1])
+    result = driver.finish(trace, t0, kind=kind)
+    result.summary["replay_path"] = "scan"
+    if folder is not None:
+        runs.write_summary(folder, result.summary)
+    return result
+
+
+def _scan_inputs(trace: Trace, c: int, R: int) -> tuple[np.ndarray, ...]:
+    """Per-update scan inputs [m, c]: learner, batch, ring slot read, staleness; and v [m]."""
+    m, g = trace.num_updates, trace.grads
+    return (g["learner"].reshape(m, c).astype(np.int32),
+            g["batch"].reshape(m, c).astype(np.int32),
+            (g["read_version"].reshape(m, c) % R).astype(np.int32),
+            g["staleness"].reshape(m, c).astype(np.int32),
+            np.arange(m, dtype=np.int32))
+
+
+def _chunks(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
+    """[start, end) update ranges of at most ``chunk`` updates that end at every multiple
+    of ``every`` (the evaluation points), so the program leaves jit only to evaluate."""
+    bounds = sorted({*range(0, m, min(chunk, every)), *range(0, m, every), m})
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _scan_program(num: Numerics, c: int, R: int, *, vmapped: bool):
+    """The jitted chunk program ``(state, ring), xs -> (state, ring), losses[chunk, c]``:
+    update v reads ``ring[read % R]`` and writes version v + 1 to ``ring[(v+1) % R]``.
+    ``vmapped``: state and ring carry a leading axis of sweep points (losses [P, chunk, c]).
+    Compiled once per (Numerics, c, R, vmapped)."""
+    import jax.numpy as jnp
+
+    cache = num.__dict__.setdefault("_scan_cache", {})
+    key = (c, R, vmapped)
+    if key in cache:
+        return cache[key]
+    tm = jax.tree_util.tree_map
     one = num._shared.one
     core_apply = num.core.apply
     x_all, y_all = num.x_train, num.y_train
@@ -458,35 +576,11 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
         rg = tm(lambda a, p: a.at[(v + 1) % R].set(p), rg, st.params)
         return (st, rg), losses
 
-    cache = num.__dict__.setdefault("_scan_cache", {})
-    run_chunk = cache.get((c, R))
-    if run_chunk is None:  # compile once per (Numerics, c, ring size)
-        run_chunk = cache[(c, R)] = jax.jit(lambda carry, xs: jax.lax.scan(body, carry, xs))
-    every = scn.run.eval_every or m
-    bounds = sorted({*range(0, m, min(chunk, every)), *range(0, m, every), m})
-    times = trace.updates["time"]
-    losses_all = []
-    carry = (state, ring)
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
-        carry, losses = run_chunk(carry, (L[s:e], B[s:e], RD[s:e], T[s:e], V[s:e]))
-        losses_all.append(losses)
-        driver.grads_applied = e * c
-        if scn.run.eval_every and e % every == 0:
-            driver.state = carry[0]
-            driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
-                [np.asarray(x) for x in losses_all]))
-            losses_all = []
-            driver.now = float(times[e - 1])
-            driver.evaluate(e)
-    driver.state = carry[0]
-    if losses_all:
-        driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
-            [np.asarray(x) for x in losses_all]))
-    driver.rec.pending_base = len(driver.rec.losses)
-    driver.diverged_at = _first_bad(driver.rec.losses)
-    driver.now = float(times[-1])
-    result = driver.finish(trace, t0, kind="replay")
-    result.summary["replay_path"] = "scan"
-    if folder is not None:
-        runs.write_summary(folder, result.summary)
-    return result
+    def chunk_fn(carry, xs):
+        return jax.lax.scan(body, carry, xs)
+
+    # The carry is donated: XLA then updates and reads the ring in place. Without it, reads
+    # from the (non-aliased) ring cost ~40% of an MLP step on CPU (measured, R = 24).
+    cache[key] = jax.jit(jax.vmap(chunk_fn, in_axes=(0, None)) if vmapped else chunk_fn,
+                         donate_argnums=(0,))
+    return cache[key]

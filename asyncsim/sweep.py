@@ -92,8 +92,9 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
         share_traces: replay one simulated trace per timing group (exact; faster).
         trace_only: timing only (for staleness studies): no gradients at all.
         vmap: for points of one trace that differ only in lr, momentum beta or weight decay:
-            ``"auto"`` replays them in one vmapped program when a short probe measures that
-            faster than one by one, ``"always"``, or ``"never"``.
+            ``"auto"`` replays them the way a short probe measures fastest here (one vmapped
+            program for all, or one by one; loop of jitted steps or ``lax.scan`` chunks),
+            ``"always"`` (vmapped), or ``"never"`` (one exact loop replay each).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,6 +144,7 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
         summary = runs.read_summary(folder) if runs.is_complete(folder) else {}
         row: dict[str, Any] = {"point": it["point"], **it["keys"], "folder": str(folder),
                                "vmapped": bool(summary.get("vmapped_points")),
+                               "replay_path": summary.get("replay_path", ""),
                                "trace_group": it["group"],
                                "shared_trace": share_traces and not trace_only
                                and len(by_group[it["group"]]) > 1}
@@ -218,13 +220,20 @@ def _hyper_only(todo, scn: Scenario):
 def _vmap_job(todo, hypers, out, trace, vmap):
     def job():
         from asyncsim.engine import Numerics
-        from asyncsim.replay import replay, replay_vmapped, vmap_pays
+        from asyncsim.replay import replay, replay_scan, replay_vmapped, sweep_path
 
         base = todo[0]["scenario"]
         num = Numerics(base)
         folders = [out / it["point"] for it in todo]
-        if vmap == "always" or vmap_pays(base, trace, hypers, numerics=num):
-            res = replay_vmapped(base, trace, hypers, numerics=num, outs=folders)
+        mode, path = sweep_path(base, trace, hypers, numerics=num)
+        if vmap == "always":
+            mode = "vmapped"
+        if mode == "vmapped":
+            res = replay_vmapped(base, trace, hypers, numerics=num, outs=folders, path=path)
+        elif path == "scan":
+            res = [replay_scan(it["scenario"], trace, out=f, force=True, numerics=num,
+                               hyper=h, kind="run")
+                   for it, f, h in zip(todo, folders, hypers, strict=True)]
         else:
             res = [replay(it["scenario"], trace, out=f, force=True, kind="run")
                    for it, f in zip(todo, folders, strict=True)]

@@ -1,11 +1,12 @@
 """Replay speed, side by side with plain SGD, online runs and one-by-one sweeps.
 
-1. Replay gradient throughput / the fastest plain SGD loop (a Python loop over one jitted
-   step, or lax.scan, whichever is faster here) for cifar10-full and an MLP, same batch and
-   samples. Target >= 0.9.
+1. Replay gradient throughput (its faster path: loop or scan) / the fastest plain SGD loop
+   (a Python loop over one jitted step, or lax.scan, whichever is faster here) for
+   cifar10-full and an MLP, same batch and samples. Target >= 0.9.
 2. Online / replay wall time for the quickstart scenario (at --qs-epochs epochs).
-3. A 16-point learning-rate sweep over one trace, vmapped, / 16 independent replays.
-   Target <= 0.5 on a small model.
+3. A 16-point learning-rate sweep over one trace, as sweeps run it (sweep_path's measured
+   choice of vmapped or one by one, loop or scan), / 16 independent replays on their faster
+   path. Target <= 0.5 on a small model; also shown for a FLOP-bound one.
 
     python benchmarks/bench_replay.py
 """
@@ -25,7 +26,7 @@ from _util import best, peak_rss_mib, plain_sgd_loop, plain_sgd_scan  # noqa: E4
 from asyncsim.api import simulate  # noqa: E402
 from asyncsim.engine import Numerics  # noqa: E402
 from asyncsim.online import run  # noqa: E402
-from asyncsim.replay import replay, replay_vmapped  # noqa: E402
+from asyncsim.replay import replay, replay_scan, replay_vmapped, sweep_path  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,20 +42,60 @@ def async_scn(model, mu, grads, data=None):
         "run": {"gradients": grads, "eval_samples": 100}})
 
 
-def replay_vs_plain(name, scn, repeat):
+def replay_vs_plain(name, scn, repeat, *, scan=True):
+    """scan=False: skip replay's scan path and time the plain scan once (on 2 CPU cores a
+    scan over convolutions is ~10x slower than a loop of jitted steps: ~70 s here)."""
     trace = simulate(scn)
     num = Numerics(scn)
-    replay(scn, trace, numerics=num)
-    t_replay = best(lambda: replay(scn, trace, numerics=num).params, repeat)
+    t_paths = {"scan": float("inf")}
+    for path, fn in (("loop", replay), ("scan", replay_scan))[:2 if scan else 1]:
+        fn(scn, trace, numerics=num)  # compile
+        t_paths[path] = best(lambda fn=fn: fn(scn, trace, numerics=num).params, repeat)
     g = trace.grads
     batches = list(zip(g["learner"].tolist(), g["batch"].tolist(), strict=True))
     mu = scn.data.batch_size
     t_loop = best(plain_sgd_loop(num, 0.001, batches, mu), repeat)
-    t_scan = best(plain_sgd_scan(num, 0.001, batches, mu), repeat)
+    t_scan = best(plain_sgd_scan(num, 0.001, batches, mu), repeat if scan else 1)
     fastest = min(t_loop, t_scan)
-    print(f"1. {name}: {len(batches)} gradients at mu={mu}: replay {t_replay:.3f} s; plain loop "
-          f"{t_loop:.3f} s, plain scan {t_scan:.3f} s -> throughput ratio "
-          f"{fastest / t_replay:.3f} (target >= 0.9)")
+    path = min(t_paths, key=t_paths.get)
+    print(f"1. {name}: {len(batches)} gradients at mu={mu} (async, max staleness "
+          f"{trace.max_staleness}): replay loop {t_paths['loop']:.3f} s, replay scan "
+          f"{t_paths['scan']:.3f} s; plain loop {t_loop:.3f} s, plain scan {t_scan:.3f} s -> "
+          f"throughput ratio {fastest / t_paths[path]:.3f} with the {path} path "
+          f"(target >= 0.9)")
+
+
+def sweep_vs_single(name, model, repeat):
+    scn = load_scenario({
+        "seed": 0, "model": model,
+        "data": {"name": "synthetic-cifar", "batch_size": 16, "n_train": 1024, "n_test": 100},
+        "cluster": {"learners": 8, "compute": {"dist": "exponential", "mean": 1.0}},
+        "protocol": {"kind": "async"},
+        "optimizer": {"lr": 0.01, "lr_rule": "inverse-staleness",
+                      "momentum": {"kind": "heavy-ball", "beta": 0.9}},
+        "run": {"updates": 400, "eval_every": 100, "eval_samples": 100}})
+    trace = simulate(scn)
+    num = Numerics(scn)
+    hypers = [{"lr": float(x)} for x in np.geomspace(1e-3, 0.03, 16)]
+    mode, path = sweep_path(scn, trace, hypers, numerics=num)
+    singles = {}
+    for p, fn in (("loop", replay), ("scan", replay_scan)):
+        fn(scn, trace, numerics=num, hyper=hypers[0])
+        singles[p] = best(lambda fn=fn: [fn(scn, trace, numerics=num, hyper=h).params
+                                         for h in hypers], 1)
+    vm = {}
+    for p in ("loop", "scan"):
+        replay_vmapped(scn, trace, hypers, numerics=num, path=p)
+        vm[p] = best(lambda p=p: [r.params for r in replay_vmapped(scn, trace, hypers,
+                                                                   numerics=num, path=p)],
+                     repeat)
+    t_single = min(singles.values())
+    t_chosen = vm[path] if mode == "vmapped" else singles[path]
+    print(f"3. 16-point lr sweep, {name}, 400 async updates at mu=16, eval every 100: "
+          f"16 replays loop {singles['loop']:.2f} s / scan {singles['scan']:.2f} s; vmapped "
+          f"loop {vm['loop']:.2f} s / scan {vm['scan']:.2f} s; sweeps choose {mode} {path} "
+          f"-> {t_chosen:.2f} s; ratio to the faster 16 replays {t_chosen / t_single:.3f} "
+          f"(target <= 0.5)")
 
 
 def main() -> None:
@@ -62,7 +103,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--qs-epochs", type=float, default=1.0)
     a = ap.parse_args()
-    replay_vs_plain("cifar10-full", async_scn({"name": "cifar10-full"}, 32, 64), a.repeat)
+    replay_vs_plain("cifar10-full", async_scn({"name": "cifar10-full"}, 32, 64), a.repeat,
+                    scan=False)
     replay_vs_plain("mlp [128]", async_scn({"name": "mlp", "hidden": [128]}, 32, 1000),
                     a.repeat)
 
@@ -80,23 +122,10 @@ def main() -> None:
           f"{t_online:.2f} s (incl. compile), replay {t_replay:.2f} s -> online/replay "
           f"{t_online / t_replay:.2f}; same param_hash")
 
-    scn = load_scenario({
-        "seed": 0, "model": {"name": "mlp", "hidden": [32]},
-        "data": {"name": "synthetic-cifar", "batch_size": 16, "n_train": 1024, "n_test": 100},
-        "cluster": {"learners": 8, "compute": {"dist": "exponential", "mean": 1.0}},
-        "protocol": {"kind": "async"}, "optimizer": {"lr": 0.01, "lr_rule": "inverse-staleness"},
-        "run": {"updates": 400, "eval_samples": 100}})
-    trace = simulate(scn)
-    num = Numerics(scn)
-    hypers = [{"lr": float(x)} for x in np.geomspace(1e-3, 0.1, 16)]
-    replay(scn, trace, numerics=num, hyper=hypers[0])
-    replay_vmapped(scn, trace, hypers, numerics=num)
-    t_single = best(lambda: [replay(scn, trace, numerics=num, hyper=h).params
-                             for h in hypers], 1)
-    t_vm = best(lambda: [r.params for r in replay_vmapped(scn, trace, hypers, numerics=num)],
-                a.repeat)
-    print(f"3. 16-point lr sweep, mlp [32], 400 async updates at mu=16: vmapped {t_vm:.2f} s, "
-          f"16 replays {t_single:.2f} s -> ratio {t_vm / t_single:.3f} (target <= 0.5)")
+    sweep_vs_single("mlp [32] on 4x4-pooled input (small)",
+                    {"name": "mlp", "hidden": [32], "input_pool": 4}, a.repeat)
+    sweep_vs_single("mlp [32] on the full 3072 input", {"name": "mlp", "hidden": [32]},
+                    a.repeat)
     print(f"peak memory (max RSS): {peak_rss_mib():.0f} MiB")
 
 

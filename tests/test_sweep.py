@@ -22,14 +22,25 @@ BASE = {"seed": 2, "model": {"name": "mlp", "hidden": [8]},
         "run": {"updates": 20, "eval_every": 10}}
 
 
-def test_vmapped_member_equals_single_replay():
-    scn = load_scenario({**BASE, "protocol": {"kind": "softsync", "n": 1}})
+@pytest.mark.parametrize("path,proto", [
+    ("loop", {"kind": "softsync", "n": 1}),
+    ("scan", {"kind": "softsync", "n": 1}),  # c = 3 gradients per update
+    ("scan", {"kind": "async"}),
+    ("scan", {"kind": "softsync", "n": 3, "momentum": "shifted"}),
+])
+def test_vmapped_member_equals_single_replay(path, proto):
+    proto = dict(proto)
+    opt = dict(BASE["optimizer"])
+    if proto.pop("momentum", None):
+        opt["momentum"] = {"kind": "shifted", "beta": 0.8}
+    scn = load_scenario({**BASE, "protocol": proto, "optimizer": opt})
     trace = simulate(scn)
     num = Numerics(scn)
     # Stable settings: in a diverging run any roundoff difference grows without bound.
     hypers = [{"lr": 0.01}, {"lr": 0.05, "beta": 0.5}, {"lr": 0.03, "weight_decay": 1e-3}]
-    vm = replay_vmapped(scn, trace, hypers, numerics=num)
+    vm = replay_vmapped(scn, trace, hypers, numerics=num, path=path)
     for h, res in zip(hypers, vm, strict=True):
+        assert res.summary["replay_path"] == path and res.summary["vmapped_points"] == 3
         single = replay(scn, trace, numerics=num, hyper=h)
         for a, b in zip(jax.tree_util.tree_leaves(single.params),
                         jax.tree_util.tree_leaves(res.params), strict=True):
@@ -38,6 +49,20 @@ def test_vmapped_member_equals_single_replay():
         assert res.summary["final_test_error"] == pytest.approx(
             single.summary["final_test_error"], abs=1 / 32 + 1e-9)
         assert list(res.evals["version"]) == list(single.evals["version"])
+        np.testing.assert_allclose(res.evals["train_loss"], single.evals["train_loss"],
+                                   rtol=1e-4)
+        assert res.summary["gradients"] == single.summary["gradients"]
+
+
+def test_sweep_path_is_a_measured_choice():
+    from asyncsim.replay import sweep_path
+
+    scn = load_scenario({**BASE, "run": {"updates": 40, "eval_every": 0}})
+    trace = simulate(scn)
+    hypers = [{"lr": 0.01}, {"lr": 0.02}]
+    assert sweep_path(scn, trace, hypers, numerics=Numerics(scn)) in {
+        (m, p) for m in ("single", "vmapped") for p in ("loop", "scan")}
+    assert sweep_path(scn, trace, hypers[:1]) == ("single", "loop")  # nothing to vmap
 
 
 def test_sweep_groups_by_timing_and_resumes(tmp_path):
