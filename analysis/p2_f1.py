@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tomllib
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save  # noqa: E402  (matplotlib set to Agg there)
 
 NAME = "p2_f1"
 RULES = {"constant": "η = η0 (constant)", "stability-edge": "η_τ = η0 sin(π/(4τ+2))"}
@@ -51,10 +52,6 @@ def points(sweep_dir: Path) -> pd.DataFrame:
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     df = points(sweep_dir)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv = out_dir / f"{NAME}.csv"
-    df.to_csv(csv, index=False)
     fig, ax = plt.subplots(figsize=(5.5, 4), dpi=100)
     for rule, label in RULES.items():
         g = df[df["lr_rule"] == rule]
@@ -71,7 +68,4 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     ax.legend(fontsize=8)
     ax.set_title("P2-F1 test error vs delay (MLP, synthetic CIFAR)", fontsize=9)
     fig.tight_layout()
-    png = out_dir / f"{NAME}.png"
-    fig.savefig(png)
-    plt.close(fig)
-    return [png, csv]
+    return save(fig, df, out_dir, NAME)

@@ -11,15 +11,16 @@ dampened is already effective), P2's scale for comparing the kinds.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tomllib
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save  # noqa: E402  (matplotlib set to Agg there)
 
 NAME = "p2_f3"
 
@@ -62,10 +63,6 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     from asyncsim.stability import edge, effective_edge
 
     df = measured(sweep_dir)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv = out_dir / f"{NAME}.csv"
-    df.to_csv(csv, index=False)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), dpi=90)
     t = np.arange(0, int(df["tau"].max()) + 1)
     for i, (kind, g) in enumerate(df.groupby("momentum", sort=False)):
@@ -82,7 +79,4 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     axes[0].legend(fontsize=7, title="lines: closed form; o: measured", title_fontsize=7)
     fig.suptitle("P2-F3 momentum under delay (quadratic, round robin)", fontsize=9)
     fig.tight_layout()
-    png = out_dir / f"{NAME}.png"
-    fig.savefig(png)
-    plt.close(fig)
-    return [png, csv]
+    return save(fig, df, out_dir, NAME)

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tomllib
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save  # noqa: E402  (matplotlib set to Agg there)
 
 NAME = "p2_f4"
 RULES = {"constant": ("η = η0 (constant)", "C0", "o"),
@@ -111,10 +112,6 @@ def points(sweep_dir: Path, *, measure_sharpness: bool = True) -> pd.DataFrame:
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     df = points(sweep_dir)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv = out_dir / f"{NAME}.csv"
-    df.drop(columns=["folder"]).to_csv(csv, index=False)
     eta0 = float(df["eta0"].iloc[0])
     fig, ax = plt.subplots(figsize=(5.8, 4.2), dpi=100)
     t = np.arange(0, int(df["tau"].max()) + 1)
@@ -140,7 +137,4 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     ax.set_title(f"P2-F4 minima selection (tanh MLP, MSE, full batch, η0 = {eta0:g})",
                  fontsize=9)
     fig.tight_layout()
-    png = out_dir / f"{NAME}.png"
-    fig.savefig(png)
-    plt.close(fig)
-    return [png, csv]
+    return save(fig, df.drop(columns=["folder"]) if "folder" in df else df, out_dir, NAME)
