@@ -74,6 +74,7 @@ def test_sweep_groups_by_timing_and_resumes(tmp_path):
     index = run_sweep(scn, tmp_path / "sw", vmap="always")
     assert (index["status"] == "complete").all()
     assert index["shared_trace"].all() and index["vmapped"].all()
+    assert set(index["replay_path"]) <= {"loop", "scan"}  # the probe's choice, recorded
     assert (tmp_path / "sw" / "index.csv").exists()
     # Same group => same trace; an lr change leaves the timing alone.
     for _, g in index.groupby("trace_group"):
@@ -86,7 +87,7 @@ def test_sweep_groups_by_timing_and_resumes(tmp_path):
 def test_sweep_points_one_by_one_equal_independent_runs(tmp_path):
     scn = load_scenario({**BASE, "sweep": {"optimizer.lr": [0.01, 0.03]}})
     index = run_sweep(scn, tmp_path / "sw", vmap="never")
-    assert not index["vmapped"].any()
+    assert not index["vmapped"].any() and (index["replay_path"] == "loop").all()
     from asyncsim.online import run
 
     for _, row in index.iterrows():
