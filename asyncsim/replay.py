@@ -421,7 +421,7 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     all P at once with :func:`replay_vmapped` on either path. The scan is a candidate only
     when every update takes the same number of gradients. So the choice is made for this
     model, batch and backend, as DESIGN.md asks (vmapping saves dispatches, not FLOPs: it
-    wins on small models and loses nothing measurable when the FLOPs dominate).
+    wins clearly on small models and is about even when the FLOPs dominate).
     """
     import dataclasses
 
