@@ -15,8 +15,9 @@ and adds μ back. Lanczos returns both ends of the spectrum anyway and takes the
 value.
 
 Krylov vectors live on the host in float64 on the flattened parameter vector; each HVP runs
-in the parameters' dtype through one jitted function per call (traced once, reused in the
-loop).
+in the parameters' dtype through one jitted function, compiled once per model loss (and
+batch shape) and reused across calls: a sharpness trajectory measures many parameter points
+with one compiled HVP.
 """
 
 from __future__ import annotations
@@ -155,6 +156,25 @@ def top_eigenvalue(loss_fn: Callable, params, *, key=None, tol: float = 1e-6,
     return float(lam), int(it)
 
 
+_BATCH_HVP: dict[Callable, Callable] = {}  # loss -> jitted HVP, most recently used last
+_BATCH_HVP_MAX = 8
+
+
+def _batch_hvp(loss: Callable):
+    """``(params, x, y, v_flat) -> (H v)_flat`` for ``loss(params, x, y)``, jitted once per
+    loss function (data are arguments, not constants, so new batches do not recompile)."""
+    fn = _BATCH_HVP.pop(loss, None)
+    if fn is None:
+        @jax.jit
+        def fn(p, xb, yb, v):
+            unravel = ravel_pytree(p)[1]
+            return ravel_pytree(hvp(lambda q: loss(q, xb, yb), p, unravel(v)))[0]
+    _BATCH_HVP[loss] = fn
+    while len(_BATCH_HVP) > _BATCH_HVP_MAX:  # bounded: each entry holds a compiled HVP
+        del _BATCH_HVP[next(iter(_BATCH_HVP))]
+    return fn
+
+
 def sharpness(model, params, x, y, *, batch_size: int | None = None, method: str = "power",
               tol: float = 1e-6, max_iter: int = 100, key=None) -> float:
     """Top Hessian eigenvalue of ``model.loss(params, x, y)`` on the whole set ``(x, y)``.
@@ -173,18 +193,12 @@ def sharpness(model, params, x, y, *, batch_size: int | None = None, method: str
         λ_max as a float.
     """
     n_samples = int(np.shape(x)[0])
-    if batch_size is None or batch_size >= n_samples:
-        lam, _ = top_eigenvalue(lambda p: model.loss(p, x, y), params, key=key, tol=tol,
-                                max_iter=max_iter, method=method)
-        return lam
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError("batch_size must be positive")
-    flat, unravel = ravel_pytree(params)
-
-    @jax.jit
-    def flat_hvp(p, xb, yb, v):
-        return ravel_pytree(hvp(lambda q: model.loss(q, xb, yb), p, unravel(v)))[0]
-
+    if batch_size is None or batch_size >= n_samples:
+        batch_size = n_samples
+    flat = ravel_pytree(params)[0]
+    flat_hvp = _batch_hvp(model.loss)
     batches = [(x[i:i + batch_size], y[i:i + batch_size])
                for i in range(0, n_samples, batch_size)]
 

@@ -115,6 +115,19 @@ def test_sharpness_batched_is_full_set(mlp_problem, batch_size):
     assert lam == pytest.approx(eigs[-1], rel=1e-3)
 
 
+def test_sharpness_compiles_its_hvp_once_per_model(mlp_problem):
+    """A trajectory measures many parameter points: one compiled HVP serves them all."""
+    from asyncsim.sharpness import _batch_hvp
+
+    params, x, y, _ = mlp_problem
+    moved = jax.tree_util.tree_map(lambda a: a * 1.1, params)
+    first = sharpness(_MLP, params, x, y, max_iter=5)
+    compiled = _batch_hvp(_MLP.loss)._cache_size()
+    lams = [sharpness(_MLP, p, x, y, max_iter=5) for p in (moved, params)]
+    assert lams[1] == first and lams[0] != first
+    assert _batch_hvp(_MLP.loss)._cache_size() == compiled  # no new trace or compile
+
+
 def test_bad_method():
     loss, params = _quadratic([1.0, 2.0])
     with pytest.raises(ValueError):
