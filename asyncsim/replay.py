@@ -564,8 +564,9 @@ def _scan_program(num: Numerics, c: int, R: int, *, vmapped: bool):
         st, rg = carry
         l, b, r, t, v = xs
         if c <= 4:
-            outs = [one(tm(lambda a, i=i: a[r[i]], rg), x_all, y_all, l[i], b[i])
-                    for i in range(c)]
+            # R == 1 (no staleness): every gradient reads the current parameters, no copy.
+            outs = [one(st.params if R == 1 else tm(lambda a, i=i: a[r[i]], rg),
+                        x_all, y_all, l[i], b[i]) for i in range(c)]
             losses = jnp.stack([o[0] for o in outs])
             grads = tm(lambda *a: jnp.stack(a), *[o[1] for o in outs])
         else:
@@ -573,7 +574,8 @@ def _scan_program(num: Numerics, c: int, R: int, *, vmapped: bool):
             losses, grads = jax.vmap(one, in_axes=(0, None, None, 0, 0))(
                 params_c, x_all, y_all, l, b)
         st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
-        rg = tm(lambda a, p: a.at[(v + 1) % R].set(p), rg, st.params)
+        if R > 1:  # the reads cost a copy of a version each, the write one more
+            rg = tm(lambda a, p: a.at[(v + 1) % R].set(p), rg, st.params)
         return (st, rg), losses
 
     def chunk_fn(carry, xs):

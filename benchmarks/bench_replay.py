@@ -32,12 +32,12 @@ from asyncsim.scenario import load_scenario  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-def async_scn(model, mu, grads, data=None):
+def async_scn(model, mu, grads, data=None, learners=4):
     return load_scenario({
         "seed": 0, "model": model,
         "data": data or {"name": "synthetic-cifar", "batch_size": mu, "n_train": 2048,
                          "n_test": 100},
-        "cluster": {"learners": 4, "compute": {"dist": "exponential", "mean": 1.0}},
+        "cluster": {"learners": learners, "compute": {"dist": "exponential", "mean": 1.0}},
         "protocol": {"kind": "async"}, "optimizer": {"lr": 0.001},
         "run": {"gradients": grads, "eval_samples": 100}})
 
@@ -107,6 +107,9 @@ def main() -> None:
                     scan=False)
     replay_vs_plain("mlp [128]", async_scn({"name": "mlp", "hidden": [128]}, 32, 1000),
                     a.repeat)
+    # Control: one learner, so no stale reads; the scan path then needs no version ring.
+    replay_vs_plain("mlp [128], 1 learner", async_scn({"name": "mlp", "hidden": [128]}, 32,
+                                                      1000, learners=1), a.repeat)
 
     qs = load_scenario(REPO / "scenarios" / "quickstart.toml",
                        overrides=[f"run.epochs={a.qs_epochs}"])
