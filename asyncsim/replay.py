@@ -416,38 +416,52 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     """How to replay P hyperparameter points over one trace fastest on this machine:
     ``("vmapped" | "single", "loop" | "scan")``.
 
-    Each candidate is compiled, then timed on the first ``probe_updates`` updates: the P
-    points one by one with the loop (:func:`replay`) or the scan (:func:`replay_scan`), and
-    all P at once with :func:`replay_vmapped` on either path. The scan is a candidate only
-    when every update takes the same number of gradients. So the choice is made for this
-    model, batch and backend, as DESIGN.md asks (vmapping saves dispatches, not FLOPs: it
-    wins clearly on small models and is about even when the FLOPs dominate).
+    Each candidate (the P points one by one with the loop, :func:`replay`, or the scan,
+    :func:`replay_scan`; all P at once with :func:`replay_vmapped` on either path) is
+    compiled, then timed on the first ``probe_updates`` and ``3 * probe_updates`` updates.
+    The two timings give a fixed cost per call and a cost per update, and the candidate with
+    the least predicted time for the whole trace wins (a single short probe would charge the
+    one-by-one candidates P times for per-call costs that a long trace amortises). The scan
+    is a candidate only when every update takes the same number of gradients. So the choice
+    is made for this model, batch and backend, as DESIGN.md asks (vmapping saves
+    dispatches, not FLOPs: it wins clearly on small models and is about even when the FLOPs
+    dominate).
     """
     import dataclasses
 
-    if len(hypers) < 2 or trace.num_updates < 2 * probe_updates:
+    m = trace.num_updates
+    short, long = probe_updates, 3 * probe_updates
+    if len(hypers) < 2 or m < 2 * long:
         return ("single", "loop")
     num = numerics or Numerics(scn)
-    probe = truncate(trace, probe_updates)
     quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
                                                              eval_samples=1))
     qnum = Numerics(quiet)
     qnum._shared = num._shared
-    counts = probe.updates["n_grads"]
+    probes = {n: truncate(trace, n) for n in (short, long)}
+    counts = trace.updates["n_grads"]
     paths = ["loop", "scan"] if np.all(counts == counts[0]) else ["loop"]
-    single = {"loop": lambda: replay(quiet, probe, numerics=qnum, hyper=hypers[0]),
-              "scan": lambda: replay_scan(quiet, probe, numerics=qnum, hyper=hypers[0])}
-    timings: dict[tuple[str, str], float] = {}
+    P = len(hypers)
+
+    def call(mode: str, path: str, probe: Trace):
+        if mode == "vmapped":
+            return replay_vmapped(quiet, probe, hypers, numerics=qnum, path=path)
+        fn = replay if path == "loop" else replay_scan
+        return fn(quiet, probe, numerics=qnum, hyper=hypers[0])
+
+    predicted: dict[tuple[str, str], float] = {}
     for path in paths:
-        for mode, fn in (("single", single[path]),
-                         ("vmapped", lambda path=path: replay_vmapped(
-                             quiet, probe, hypers, numerics=qnum, path=path))):
-            fn()  # compile
-            t0 = time.perf_counter()
-            fn()
-            timings[(mode, path)] = (time.perf_counter() - t0) * (
-                len(hypers) if mode == "single" else 1)
-    return min(timings, key=timings.get)
+        for mode in ("single", "vmapped"):
+            t = {}
+            for n, probe in probes.items():
+                call(mode, path, probe)  # compile (once per program) and warm up
+                t0 = time.perf_counter()
+                call(mode, path, probe)
+                t[n] = time.perf_counter() - t0
+            per_update = max(t[long] - t[short], 0.0) / (long - short)
+            fixed = max(t[short] - per_update * short, 0.0)
+            predicted[(mode, path)] = (fixed + per_update * m) * (P if mode == "single" else 1)
+    return min(predicted, key=predicted.get)
 
 
 # ----------------------------------------------------------------------------- scan path

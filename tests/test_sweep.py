@@ -57,7 +57,7 @@ def test_vmapped_member_equals_single_replay(path, proto):
 def test_sweep_path_is_a_measured_choice():
     from asyncsim.replay import sweep_path
 
-    scn = load_scenario({**BASE, "run": {"updates": 40, "eval_every": 0}})
+    scn = load_scenario({**BASE, "run": {"updates": 80, "eval_every": 0}})
     trace = simulate(scn)
     hypers = [{"lr": 0.01}, {"lr": 0.02}]
     assert sweep_path(scn, trace, hypers, numerics=Numerics(scn)) in {
