@@ -583,6 +583,9 @@ def _scan_program(num: Numerics, c: int, R: int, *, vmapped: bool):
                         x_all, y_all, l[i], b[i]) for i in range(c)]
             losses = jnp.stack([o[0] for o in outs])
             grads = tm(lambda *a: jnp.stack(a), *[o[1] for o in outs])
+        elif R == 1:
+            losses, grads = jax.vmap(one, in_axes=(None, None, None, 0, 0))(
+                st.params, x_all, y_all, l, b)
         else:
             params_c = tm(lambda a: a[r], rg)
             losses, grads = jax.vmap(one, in_axes=(0, None, None, 0, 0))(

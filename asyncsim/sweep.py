@@ -225,9 +225,9 @@ def _vmap_job(todo, hypers, out, trace, vmap):
         base = todo[0]["scenario"]
         num = Numerics(base)
         folders = [out / it["point"] for it in todo]
-        mode, path = sweep_path(base, trace, hypers, numerics=num)
-        if vmap == "always":
-            mode = "vmapped"
+        # "always" skips the probe (its compiles cost more than a small sweep saves).
+        mode, path = (("vmapped", "loop") if vmap == "always"
+                      else sweep_path(base, trace, hypers, numerics=num))
         if mode == "vmapped":
             res = replay_vmapped(base, trace, hypers, numerics=num, outs=folders, path=path)
         elif path == "scan":

@@ -106,12 +106,16 @@ def test_replay_equals_online(kind, extra, momentum, num_cache):
     assert again.summary["param_hash"] == online.summary["param_hash"]
 
 
-@pytest.mark.parametrize("proto", [{"kind": "async"}, {"kind": "softsync", "n": 1},
-                                   {"kind": "fixed-delay", "tau": 2}])
-def test_scan_path_agrees_with_the_loop(proto, num_cache):
+@pytest.mark.parametrize("proto,learners", [
+    ({"kind": "async"}, 3), ({"kind": "softsync", "n": 1}, 3),
+    ({"kind": "fixed-delay", "tau": 2}, 3),
+    ({"kind": "softsync", "n": 1}, 6),  # c = 6: gradients vmapped inside the scan body
+    ({"kind": "hardsync"}, 6),  # nothing stale: no version ring, c = 6
+])
+def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
     from asyncsim.replay import choose_path, replay_scan
 
-    cluster = {"learners": 3}
+    cluster = {"learners": learners}
     scn = tiny(protocol=proto, cluster=cluster, run={"updates": 30, "eval_every": 10},
                optimizer={"lr": 0.03, "lr_rule": "inverse-staleness",
                           "momentum": {"kind": "shifted", "beta": 0.8}})
