@@ -85,7 +85,6 @@ class _Shared:
         self.grad_one = jax.jit(one)
         self.grad_group = jax.jit(jax.vmap(one, in_axes=(None, None, None, 0, 0)))
 
-
         def eval_batch(params, x, y):
             return model.loss(params, x, y), model.error(params, x, y)
 

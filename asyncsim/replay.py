@@ -402,14 +402,6 @@ def _with_hyper(scn: Scenario, hyper: Mapping[str, float]) -> Scenario:
     return dataclasses.replace(scn, optimizer=o)
 
 
-def vmap_pays(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
-              numerics: Numerics | None = None, probe_updates: int = 12) -> bool:
-    """Whether one vmapped replay of the points beats replaying them one by one here
-    (:func:`sweep_path`'s first answer)."""
-    return sweep_path(scn, trace, hypers, numerics=numerics,
-                      probe_updates=probe_updates)[0] == "vmapped"
-
-
 def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
                numerics: Numerics | None = None,
                probe_updates: int = 12) -> tuple[str, str]:
