@@ -263,13 +263,5 @@ def summarize_params(params) -> dict[str, Any]:
     return {"param_hash": param_hash(params)}
 
 
-def first_nonfinite(losses: list[np.ndarray], base_version: int) -> int | None:
-    """The version of the first update whose batch losses are not all finite, or None."""
-    for i, l in enumerate(losses):
-        if not np.all(np.isfinite(l)):
-            return base_version + i
-    return None
-
-
 def nan_to_none(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else x

@@ -34,7 +34,7 @@ from asyncsim.api import message_bytes, trace_summary
 from asyncsim.cluster import Simulation, run_length
 from asyncsim.config import Scenario
 from asyncsim.core import CoreState, param_hash
-from asyncsim.engine import EvalRecord, Numerics, first_nonfinite
+from asyncsim.engine import EvalRecord, Numerics
 from asyncsim.scenario import base_dir
 from asyncsim.trace import Trace
 
@@ -97,12 +97,34 @@ class _Recorder:
 def first_diverged(losses: list[np.ndarray], base: int, first_loss: float) -> int | None:
     """Version of the first update (counting from ``base``) whose batch losses are not all
     finite or exceed ``DIVERGED_FACTOR * first_loss``; None if there is none."""
-    bad = first_nonfinite(losses, base)
+    if not losses:
+        return None
+    flat, owner = _flatten(losses)
     limit = DIVERGED_FACTOR * first_loss if np.isfinite(first_loss) else np.inf
-    for i, lo in enumerate(losses[: None if bad is None else bad - base]):
-        if np.any(lo > limit):
-            return base + i
-    return bad
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(flat) | (flat > limit)
+    hit = np.flatnonzero(bad)
+    return None if hit.size == 0 else base + int(owner[hit[0]])
+
+
+def update_means(losses: list[np.ndarray]) -> np.ndarray:
+    """The mean batch loss of each update (NaN for an update with no gradients)."""
+    if not losses:
+        return np.zeros(0)
+    flat, owner = _flatten(losses)
+    sums = np.bincount(owner, weights=flat.astype(np.float64), minlength=len(losses))
+    sizes = np.bincount(owner, minlength=len(losses))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(sizes > 0, sums / np.maximum(sizes, 1), np.nan)
+
+
+def _flatten(losses: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """All batch losses in one array, and the index of the update each belongs to: one
+    vectorised pass instead of a Python loop over updates (which cost ~10% of a 1000-update
+    scan replay of a small MLP)."""
+    sizes = np.fromiter((x.size for x in losses), np.int64, len(losses))
+    flat = np.concatenate([np.ravel(x) for x in losses])
+    return flat, np.repeat(np.arange(len(losses)), sizes)
 
 
 def _flat(tree) -> list[np.ndarray]:
@@ -247,8 +269,7 @@ class Driver:
         upd = trace.updates_df()
         n = min(len(rec.losses), len(upd))
         upd = upd.iloc[:n].copy()
-        upd["train_loss"] = [float(np.mean(x)) if x.size else float("nan")
-                             for x in rec.losses[:n]]
+        upd["train_loss"] = update_means(rec.losses[:n]).tolist()
         last = rec.evals[-1]
         summary = {
             "name": self.scn.name, "seed": self.scn.seed, "kind": kind,

@@ -23,6 +23,19 @@ def best(fn: Callable[[], object], repeat: int = 3) -> float:
     return min(times)
 
 
+def best_interleaved(fns: dict[str, Callable[[], object]], repeat: int = 3) -> dict[str, float]:
+    """Best wall time of each function over ``repeat`` rounds that call them in turn, so
+    the ratios between them are measured side by side: a slow spell on a shared machine
+    hits every candidate rather than only the one that happened to run then."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[k].append(time.perf_counter() - t0)
+    return {k: min(v) for k, v in times.items()}
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

@@ -20,13 +20,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from _util import best, peak_rss_mib, plain_sgd_loop, plain_sgd_scan  # noqa: E402
+from _util import (  # noqa: E402
+    best,
+    best_interleaved,
+    peak_rss_mib,
+    plain_sgd_loop,
+    plain_sgd_scan,
+)
 
 from asyncsim.api import simulate  # noqa: E402
 from asyncsim.engine import Numerics  # noqa: E402
 from asyncsim.online import run  # noqa: E402
-from asyncsim.replay import replay, replay_scan, replay_vmapped, sweep_path  # noqa: E402
+from asyncsim.replay import (  # noqa: E402
+    replay,
+    replay_scan,
+    replay_vmapped,
+    slot_plan,
+    sweep_path,
+)
 from asyncsim.scenario import load_scenario  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,22 +60,28 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
     scan over convolutions is ~10x slower than a loop of jitted steps: ~70 s here)."""
     trace = simulate(scn)
     num = Numerics(scn)
-    t_paths = {"scan": float("inf")}
-    for path, fn in (("loop", replay), ("scan", replay_scan))[:2 if scan else 1]:
-        fn(scn, trace, numerics=num)  # compile
-        t_paths[path] = best(lambda fn=fn: fn(scn, trace, numerics=num).params, repeat)
     g = trace.grads
     batches = list(zip(g["learner"].tolist(), g["batch"].tolist(), strict=True))
     mu = scn.data.batch_size
-    t_loop = best(plain_sgd_loop(num, 0.001, batches, mu), repeat)
-    t_scan = best(plain_sgd_scan(num, 0.001, batches, mu), repeat if scan else 1)
-    fastest = min(t_loop, t_scan)
-    path = min(t_paths, key=t_paths.get)
+    fns = {"replay loop": lambda: replay(scn, trace, numerics=num).params,
+           "plain loop": plain_sgd_loop(num, 0.001, batches, mu)}
+    if scan:
+        fns["replay scan"] = lambda: replay_scan(scn, trace, numerics=num).params
+        fns["plain scan"] = plain_sgd_scan(num, 0.001, batches, mu)
+    for fn in fns.values():
+        jax.block_until_ready(fn())  # compile
+    t = best_interleaved(fns, repeat)
+    if not scan:
+        t["replay scan"] = float("inf")
+        t["plain scan"] = best(plain_sgd_scan(num, 0.001, batches, mu), 1)
+    fastest = min(t["plain loop"], t["plain scan"])
+    path = min(("loop", "scan"), key=lambda p: t[f"replay {p}"])
+    _, k = slot_plan(trace)
     print(f"1. {name}: {len(batches)} gradients at mu={mu} (async, max staleness "
-          f"{trace.max_staleness}): replay loop {t_paths['loop']:.3f} s, replay scan "
-          f"{t_paths['scan']:.3f} s; plain loop {t_loop:.3f} s, plain scan {t_scan:.3f} s -> "
-          f"throughput ratio {fastest / t_paths[path]:.3f} with the {path} path "
-          f"(target >= 0.9)")
+          f"{trace.max_staleness}, {k} versions alive at most): replay loop "
+          f"{t['replay loop']:.3f} s, replay scan {t['replay scan']:.3f} s; plain loop "
+          f"{t['plain loop']:.3f} s, plain scan {t['plain scan']:.3f} s -> throughput ratio "
+          f"{fastest / t[f'replay {path}']:.3f} with the {path} path (target >= 0.9)")
 
 
 def sweep_vs_single(name, model, repeat):

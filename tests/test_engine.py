@@ -14,13 +14,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import HealthCheck, given, settings
 
+from asyncsim import testing
+from asyncsim.api import simulate
 from asyncsim.core import param_hash
 from asyncsim.data import batch_indices
 from asyncsim.engine import Numerics
 from asyncsim.invariants import check_trace
 from asyncsim.online import load_params, run
-from asyncsim.replay import ReplayMemoryError, replay, replay_folder
+from asyncsim.replay import (
+    ReplayMemoryError,
+    last_use,
+    replay,
+    replay_folder,
+    replay_scan,
+    slot_plan,
+)
 from asyncsim.scenario import load_scenario
 from asyncsim.trace import Trace
 
@@ -113,7 +123,7 @@ def test_replay_equals_online(kind, extra, momentum, num_cache):
     ({"kind": "hardsync"}, 6),  # nothing stale: no version ring, c = 6
 ])
 def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
-    from asyncsim.replay import choose_path, replay_scan
+    from asyncsim.replay import choose_path
 
     cluster = {"learners": learners}
     scn = tiny(protocol=proto, cluster=cluster, run={"updates": 30, "eval_every": 10},
@@ -162,6 +172,50 @@ def test_replay_of_a_hand_written_trace_on_a_quadratic():
     np.testing.assert_allclose(np.asarray(res.params["w"]), w[4], rtol=1e-6)
     # 1 - 0.1 - 0.1 - 0.05 = 0.75; then - 0.1 * 0.8 = 0.67   (h = 1)
     assert float(res.params["w"][0]) == pytest.approx(0.67, rel=1e-6)
+    # The scan path keeps v0 (read until update 2) and v2 (read at update 3): v1 is never
+    # read, so it and v3 reuse slots; 2 slots instead of the S + 1 = 3 ring.
+    slot, k = slot_plan(trace)
+    assert k == 2 and slot[0] != slot[2]
+    scanned = replay_scan(scn, trace)
+    np.testing.assert_allclose(np.asarray(scanned.params["w"]), w[4], rtol=1e-6)
+    assert scanned.summary["replay_versions_held"] == 2
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(testing.scenarios(max_learners=24, max_updates=120))
+def test_slot_plan_never_overwrites_a_version_still_read(scn):
+    # Version r must stay in its slot from its creation (after update r - 1) until its last
+    # reader; the plan must use no more slots than versions alive at once (<= S + 1).
+    tr = simulate(scn)
+    slot, k = slot_plan(tr)
+    m = tr.num_updates
+    lu = np.maximum(last_use(tr), np.arange(m + 1))
+    owner = {}
+    for v in range(m + 1):  # v: the version written after update v - 1
+        if v:
+            for r in tr.grads["read_version"][tr.updates["start"][v - 1]:][
+                    :tr.updates["n_grads"][v - 1]]:
+                assert owner[slot[r]] == r  # every read finds its version in place
+        owner[slot[v]] = v
+    alive = max(int(np.sum((np.arange(m + 1) <= v) & (lu >= v))) for v in range(m + 1))
+    assert k == alive <= tr.max_staleness + 1
+    assert 0 <= slot.min() and slot.max() < k
+
+
+def test_scan_keeps_only_the_live_versions_of_a_straggler_trace(num_cache):
+    # One learner 20x slower: the staleness reaches ~20 x 3 but only ~4 versions are alive.
+    scn = tiny(cluster={"learners": 4, "compute": {"dist": "constant", "value": 1.0},
+                        "speed": [1, 0.9, 0.8, 0.05]},
+               run={"updates": 120, "eval_every": 40})
+    num = num_cache(scn)
+    res = run(scn, numerics=num)
+    _, k = slot_plan(res.trace)
+    assert res.trace.max_staleness >= 40 and k <= 5
+    scanned = replay_scan(scn, res.trace, numerics=num)
+    assert scanned.summary["replay_versions_held"] == k
+    for a, b in zip(jax.tree_util.tree_leaves(res.params),
+                    jax.tree_util.tree_leaves(scanned.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_same_scenario_same_param_hash(num_cache):
@@ -187,6 +241,8 @@ def test_replay_memory_bound_is_checked_before_allocating(num_cache):
     res = run(scn, numerics=num_cache(scn))
     with pytest.raises(ReplayMemoryError, match="parameter versions"):
         replay(scn, res.trace, numerics=num_cache(scn), max_memory=1000)
+    with pytest.raises(ReplayMemoryError, match="parameter versions"):
+        replay_scan(scn, res.trace, numerics=num_cache(scn), max_memory=1000)
 
 
 def test_run_folder_and_replay_folder(tmp_path):
