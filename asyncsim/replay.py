@@ -215,25 +215,52 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
 
 
 def choose_path(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
-                probe_updates: int = 24) -> str:
-    """"loop" or "scan", whichever replays the first ``probe_updates`` updates faster here
-    (both compiled first). Traces with a varying number of gradients per update: "loop"."""
+                probe_updates: int = 12) -> str:
+    """"loop" or "scan", whichever :func:`predict_times` expects to replay the whole trace
+    faster here (both compiled first). Traces with a varying number of gradients per
+    update, or too short to probe: "loop"."""
     counts = trace.updates["n_grads"]
-    if trace.num_updates < 2 * probe_updates or np.any(counts != counts[0]):
+    if trace.num_updates < 6 * probe_updates or np.any(counts != counts[0]):
         return "loop"
     import dataclasses
 
     quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
                                                              eval_samples=1))
     num = numerics or Numerics(quiet)
-    probe = truncate(trace, probe_updates)
-    timings = {}
-    for name, fn in (("loop", replay), ("scan", replay_scan)):
-        fn(quiet, probe, numerics=num)
-        t0 = time.perf_counter()
-        fn(quiet, probe, numerics=num)
-        timings[name] = time.perf_counter() - t0
-    return min(timings, key=timings.get)
+    fns = {"loop": replay, "scan": replay_scan}
+    predicted = predict_times(
+        trace, {p: (lambda probe, fn=fn: fn(quiet, probe, numerics=num)) for p, fn in fns.items()},
+        probe_updates=probe_updates)
+    return min(predicted, key=predicted.get)
+
+
+def predict_times(trace: Trace, candidates: Mapping[Any, Any], *,
+                  probe_updates: int = 12) -> dict[Any, float]:
+    """Predicted wall time of each candidate ``fn(probe_trace)`` on the whole ``trace``.
+
+    Each candidate is compiled and warmed up, then timed (best of two: one slow spell must
+    not decide) on the first ``probe_updates`` and ``3 * probe_updates`` updates. The two
+    timings give a fixed cost per call and a cost per update, extrapolated to the trace's
+    length: a single short probe would favour whichever candidate has the lower per-call
+    cost, however much slower its updates are.
+    """
+    m = trace.num_updates
+    short, long = probe_updates, 3 * probe_updates
+    probes = {n: truncate(trace, n) for n in (short, long)}
+    predicted = {}
+    for key, fn in candidates.items():
+        t = {}
+        for n, probe in probes.items():
+            fn(probe)  # compile (once per program) and warm up
+            t[n] = float("inf")
+            for _ in range(2):
+                t0 = time.perf_counter()
+                fn(probe)
+                t[n] = min(t[n], time.perf_counter() - t0)
+        per_update = max(t[long] - t[short], 0.0) / (long - short)
+        fixed = max(t[short] - per_update * short, 0.0)
+        predicted[key] = fixed + per_update * m
+    return predicted
 
 
 def replay_many(scn: Scenario, trace: Trace, points: Sequence[Mapping[str, Any]],
@@ -445,12 +472,10 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     ``("vmapped" | "single", "loop" | "scan")``.
 
     Each candidate (the P points one by one with the loop, :func:`replay`, or the scan,
-    :func:`replay_scan`; all P at once with :func:`replay_vmapped` on either path) is
-    compiled, then timed (best of two) on the first ``probe_updates`` and
-    ``3 * probe_updates`` updates.
-    The two timings give a fixed cost per call and a cost per update, and the candidate with
-    the least predicted time for the whole trace wins (a single short probe would charge the
-    one-by-one candidates P times for per-call costs that a long trace amortises). The scan
+    :func:`replay_scan`; all P at once with :func:`replay_vmapped` on either path) gets a
+    predicted time for the whole trace from :func:`predict_times` (one by one: P times one
+    point's), and the least wins (a single short probe would charge the one-by-one
+    candidates P times for per-call costs that a long trace amortises). The scan
     is a candidate only when every update takes the same number of gradients. So the choice
     is made for this model, batch and backend, as DESIGN.md asks (vmapping saves
     dispatches, not FLOPs: it wins clearly on small models and is about even when the FLOPs
@@ -458,16 +483,13 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     """
     import dataclasses
 
-    m = trace.num_updates
-    short, long = probe_updates, 3 * probe_updates
-    if len(hypers) < 2 or m < 2 * long:
+    if len(hypers) < 2 or trace.num_updates < 6 * probe_updates:
         return ("single", "loop")
     num = numerics or Numerics(scn)
     quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
                                                              eval_samples=1))
     qnum = Numerics(quiet)
     qnum._shared = num._shared
-    probes = {n: truncate(trace, n) for n in (short, long)}
     counts = trace.updates["n_grads"]
     paths = ["loop", "scan"] if np.all(counts == counts[0]) else ["loop"]
     P = len(hypers)
@@ -478,20 +500,11 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
         fn = replay if path == "loop" else replay_scan
         return fn(quiet, probe, numerics=qnum, hyper=hypers[0])
 
-    predicted: dict[tuple[str, str], float] = {}
-    for path in paths:
-        for mode in ("single", "vmapped"):
-            t = {}
-            for n, probe in probes.items():
-                call(mode, path, probe)  # compile (once per program) and warm up
-                t[n] = float("inf")
-                for _ in range(2):  # the better of two: one slow spell must not decide
-                    t0 = time.perf_counter()
-                    call(mode, path, probe)
-                    t[n] = min(t[n], time.perf_counter() - t0)
-            per_update = max(t[long] - t[short], 0.0) / (long - short)
-            fixed = max(t[short] - per_update * short, 0.0)
-            predicted[(mode, path)] = (fixed + per_update * m) * (P if mode == "single" else 1)
+    fns = {(mode, path): (lambda probe, mode=mode, path=path: call(mode, path, probe))
+           for path in paths for mode in ("single", "vmapped")}
+    predicted = predict_times(trace, fns, probe_updates=probe_updates)
+    # One by one runs the P points in turn: P times the single-point prediction.
+    predicted = {k: t * (P if k[0] == "single" else 1) for k, t in predicted.items()}
     return min(predicted, key=predicted.get)
 
 
