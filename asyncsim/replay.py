@@ -220,7 +220,7 @@ def choose_path(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     faster here (both compiled first). Traces with a varying number of gradients per
     update, or too short to probe: "loop"."""
     counts = trace.updates["n_grads"]
-    if trace.num_updates < 6 * probe_updates or np.any(counts != counts[0]):
+    if trace.num_updates < 8 * probe_updates or np.any(counts != counts[0]):
         return "loop"
     import dataclasses
 
@@ -234,31 +234,34 @@ def choose_path(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     return min(predicted, key=predicted.get)
 
 
-def predict_times(trace: Trace, candidates: Mapping[Any, Any], *,
-                  probe_updates: int = 12) -> dict[Any, float]:
+def predict_times(trace: Trace, candidates: Mapping[Any, Any], *, probe_updates: int = 12,
+                  rounds: int = 3) -> dict[Any, float]:
     """Predicted wall time of each candidate ``fn(probe_trace)`` on the whole ``trace``.
 
-    Each candidate is compiled and warmed up, then timed (best of two: one slow spell must
-    not decide) on the first ``probe_updates`` and ``3 * probe_updates`` updates. The two
-    timings give a fixed cost per call and a cost per update, extrapolated to the trace's
-    length: a single short probe would favour whichever candidate has the lower per-call
-    cost, however much slower its updates are.
+    Each candidate is compiled and warmed up, then timed on the first ``probe_updates`` and
+    ``4 * probe_updates`` updates, in ``rounds`` round-robin rounds (best time of each: a
+    slow spell of the machine hits every candidate, not only the one it happened to run).
+    The two timings give a fixed cost per call and a cost per update, extrapolated to the
+    trace's length: a single short probe would favour whichever candidate has the lower
+    per-call cost, however much slower its updates are.
     """
     m = trace.num_updates
-    short, long = probe_updates, 3 * probe_updates
+    short, long = probe_updates, 4 * probe_updates
     probes = {n: truncate(trace, n) for n in (short, long)}
-    predicted = {}
-    for key, fn in candidates.items():
-        t = {}
-        for n, probe in probes.items():
+    best = {(key, n): float("inf") for key in candidates for n in probes}
+    for fn in candidates.values():
+        for probe in probes.values():
             fn(probe)  # compile (once per program) and warm up
-            t[n] = float("inf")
-            for _ in range(2):
+    for _ in range(rounds):
+        for key, fn in candidates.items():
+            for n, probe in probes.items():
                 t0 = time.perf_counter()
                 fn(probe)
-                t[n] = min(t[n], time.perf_counter() - t0)
-        per_update = max(t[long] - t[short], 0.0) / (long - short)
-        fixed = max(t[short] - per_update * short, 0.0)
+                best[key, n] = min(best[key, n], time.perf_counter() - t0)
+    predicted = {}
+    for key in candidates:
+        per_update = max(best[key, long] - best[key, short], 0.0) / (long - short)
+        fixed = max(best[key, short] - per_update * short, 0.0)
         predicted[key] = fixed + per_update * m
     return predicted
 
@@ -483,7 +486,7 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     """
     import dataclasses
 
-    if len(hypers) < 2 or trace.num_updates < 6 * probe_updates:
+    if len(hypers) < 2 or trace.num_updates < 8 * probe_updates:
         return ("single", "loop")
     num = numerics or Numerics(scn)
     quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,

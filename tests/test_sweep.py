@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 import pandas as pd
@@ -57,12 +59,27 @@ def test_vmapped_member_equals_single_replay(path, proto):
 def test_sweep_path_is_a_measured_choice():
     from asyncsim.replay import sweep_path
 
-    scn = load_scenario({**BASE, "run": {"updates": 80, "eval_every": 0}})
+    scn = load_scenario({**BASE, "run": {"updates": 100, "eval_every": 0}})
     trace = simulate(scn)
     hypers = [{"lr": 0.01}, {"lr": 0.02}]
     assert sweep_path(scn, trace, hypers, numerics=Numerics(scn)) in {
         (m, p) for m in ("single", "vmapped") for p in ("loop", "scan")}
     assert sweep_path(scn, trace, hypers[:1]) == ("single", "loop")  # nothing to vmap
+
+
+def test_predict_times_separates_fixed_and_per_update_costs():
+    # Two fake candidates: A costs 30 ms per call whatever the length, B 1 ms per update.
+    # On 1,000 updates A must be predicted ~0.03 s and B ~1 s, although B is the faster
+    # one on the 12-update probe.
+    from asyncsim.replay import predict_times
+
+    scn = load_scenario({**BASE, "run": {"updates": 1000}})
+    trace = simulate(scn)
+    fns = {"A": lambda probe: time.sleep(0.03),
+           "B": lambda probe: time.sleep(0.001 * probe.num_updates)}
+    t = predict_times(trace, fns, probe_updates=12, rounds=2)
+    assert t["A"] == pytest.approx(0.03, abs=0.02)
+    assert t["B"] == pytest.approx(1.0, rel=0.2)
 
 
 def test_sweep_groups_by_timing_and_resumes(tmp_path):
