@@ -120,8 +120,8 @@ def update_means(losses: list[np.ndarray]) -> np.ndarray:
 
 def _flatten(losses: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """All batch losses in one array, and the index of the update each belongs to: one
-    vectorised pass instead of a Python loop over updates (which cost ~10% of a 1000-update
-    scan replay of a small MLP)."""
+    vectorised pass instead of a Python loop over updates (measured: ~25 ms less per
+    1,000-update replay, about 3% of a scan replay of a small MLP)."""
     sizes = np.fromiter((x.size for x in losses), np.int64, len(losses))
     flat = np.concatenate([np.ravel(x) for x in losses])
     return flat, np.repeat(np.arange(len(losses)), sizes)
