@@ -57,7 +57,7 @@ def async_scn(model, mu, grads, data=None, learners=4):
 
 def replay_vs_plain(name, scn, repeat, *, scan=True):
     """scan=False: skip replay's scan path and time the plain scan once (on 2 CPU cores a
-    scan over convolutions is ~10x slower than a loop of jitted steps: ~70 s here)."""
+    scan over convolutions is ~20x slower than a loop of jitted steps: ~140 s here)."""
     trace = simulate(scn)
     num = Numerics(scn)
     g = trace.grads

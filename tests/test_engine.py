@@ -120,7 +120,7 @@ def test_replay_equals_online(kind, extra, momentum, num_cache):
     ({"kind": "async"}, 3), ({"kind": "softsync", "n": 1}, 3),
     ({"kind": "fixed-delay", "tau": 2}, 3),
     ({"kind": "softsync", "n": 1}, 6),  # c = 6: gradients vmapped inside the scan body
-    ({"kind": "hardsync"}, 6),  # nothing stale: no version ring, c = 6
+    ({"kind": "hardsync"}, 6),  # nothing stale: no version buffer, c = 6
 ])
 def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
     from asyncsim.replay import choose_path
