@@ -117,6 +117,15 @@ def replay_memory(trace: Trace, n_params: int, *, bytes_per_param: int = 4) -> d
             "bound_bytes": (trace.max_staleness + 1) * n_params * bytes_per_param}
 
 
+def _check_memory(versions: int, trace: Trace, need: int, max_memory: int) -> None:
+    """Refuse, before anything is allocated, a replay whose versions exceed ``max_memory``."""
+    if need > max_memory:
+        raise ReplayMemoryError(
+            f"replaying this trace holds {versions} parameter versions at once (max "
+            f"staleness {trace.max_staleness}): {need / 2**20:.1f} MiB, more than the "
+            f"{max_memory / 2**20:.1f} MiB allowed (max_memory)")
+
+
 def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force: bool = False,
            numerics: Numerics | None = None, hyper: Mapping[str, float] | None = None,
            max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
@@ -134,11 +143,7 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
     num = numerics or Numerics(scn)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     need = replay_memory(trace, num_params(shapes))
-    if need["bytes"] > max_memory:
-        raise ReplayMemoryError(
-            f"replaying this trace holds {need['versions']} parameter versions at once "
-            f"(max staleness {need['max_staleness']}): {need['bytes'] / 2**20:.1f} MiB, more "
-            f"than the {max_memory / 2**20:.1f} MiB allowed (max_memory)")
+    _check_memory(need["versions"], trace, need["bytes"], max_memory)
     folder = runs.prepare(out, force=force) if out is not None else None
     if folder is not None:
         runs.write_scenario(folder, scn)
@@ -544,11 +549,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     slot, K = slot_plan(trace)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     need = K * num_params(shapes) * 4
-    if need > max_memory:
-        raise ReplayMemoryError(f"replaying this trace holds {K} parameter versions at once "
-                                f"(max staleness {trace.max_staleness}): "
-                                f"{need / 2**20:.1f} MiB > {max_memory / 2**20:.1f} MiB "
-                                f"(max_memory)")
+    _check_memory(K, trace, need, max_memory)
     folder = runs.prepare(out, force=force) if out is not None else None
     if folder is not None:
         runs.write_scenario(folder, scn)
