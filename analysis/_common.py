@@ -17,25 +17,30 @@ RULE_LABEL = {"constant": "α = α0", "inverse-staleness": "α = α0/τ",
               "inverse-mean-staleness": "α = α0/⟨τ⟩", "stability-edge": "stability edge"}
 
 
+def finished_points(sweep_dir: Path) -> list[Path]:
+    """The run folders of a sweep's complete points (``summary.json`` written), in
+    ``index.csv`` order; a sweep may still be running. The folder recorded in the index may
+    be relative to another working directory: a point's folder is always sweep_dir/point."""
+    index = pd.read_csv(Path(sweep_dir) / "index.csv")
+    folders = [Path(sweep_dir) / p for p in index["point"]]
+    return [f for f in folders if (f / "summary.json").exists()]
+
+
 def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame:
     """The sweep's ``index.csv`` with each point's run folder, its resolved scenario values
     and summary; only complete points (a sweep may still be running). Trace-only points (no
     ``eval.csv``) are kept only with ``trace_only_ok`` (column ``has_eval`` says which)."""
-    index = pd.read_csv(Path(sweep_dir) / "index.csv")
     rows = []
-    for _, r in index.iterrows():
-        # The folder recorded in the index may be relative to another working directory:
-        # the point's folder is always sweep_dir/point.
-        folder = Path(sweep_dir) / r["point"]
+    for folder in finished_points(sweep_dir):
         has_eval = (folder / "eval.csv").exists()
-        if not (folder / "summary.json").exists() or not (has_eval or trace_only_ok):
-            continue  # unfinished, or a trace-only point (no numerics to draw)
+        if not (has_eval or trace_only_ok):
+            continue  # a trace-only point (no numerics to draw)
         scn = _read_toml(folder / "scenario.toml")
         summary = json.loads((folder / "summary.json").read_text())
         proto = scn.get("protocol", {})
         opt = scn.get("optimizer", {})
         rows.append({
-            "point": r["point"], "folder": folder, "seed": scn.get("seed", 0),
+            "point": folder.name, "folder": folder, "seed": scn.get("seed", 0),
             "protocol": proto.get("kind"), "n": proto.get("n"),
             "learners": scn.get("cluster", {}).get("learners"),
             "batch_size": scn.get("data", {}).get("batch_size"),

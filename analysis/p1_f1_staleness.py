@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from asyncsim.trace import Trace  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import finished_points  # noqa: E402
 
 NAME = "p1_f1_staleness"
 
@@ -24,10 +28,8 @@ def _label(compute: str) -> str:
 
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    index = pd.read_csv(sweep_dir / "index.csv")
     rows = []
-    for _, r in index.iterrows():
-        folder = Path(r["folder"])
+    for folder in finished_points(sweep_dir):
         scn = (folder / "scenario.toml").read_text()
         trace = Trace.load(folder)
         import tomllib

@@ -18,19 +18,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save  # noqa: E402  (matplotlib set to Agg there)
+from _common import finished_points, save  # noqa: E402  (matplotlib set to Agg there)
 
 NAME = "p2_f1"
 RULES = {"constant": "η = η0 (constant)", "stability-edge": "η_τ = η0 sin(π/(4τ+2))"}
 
 
 def points(sweep_dir: Path) -> pd.DataFrame:
-    index = pd.read_csv(Path(sweep_dir) / "index.csv")
     rows = []
-    for _, r in index.iterrows():
-        folder = Path(sweep_dir) / r["point"]
-        if not (folder / "summary.json").exists():
-            continue
+    for folder in finished_points(sweep_dir):
         s = json.loads((folder / "summary.json").read_text())
         scn = tomllib.loads((folder / "scenario.toml").read_text())
         tau = int(scn["protocol"]["tau"])

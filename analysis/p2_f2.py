@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 import tomllib
 from pathlib import Path
 
@@ -29,6 +30,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import finished_points  # noqa: E402
+
 NAME = "p2_f2"
 
 
@@ -36,12 +40,8 @@ def _sweep_scenarios(sweep_dir: Path):
     from asyncsim.scenario import load_scenario
     from asyncsim.trace import Trace
 
-    index = pd.read_csv(Path(sweep_dir) / "index.csv")
     out = []
-    for _, r in index.iterrows():
-        folder = Path(sweep_dir) / r["point"]
-        if not (folder / "summary.json").exists():
-            continue
+    for folder in finished_points(sweep_dir):
         scn = load_scenario(tomllib.loads((folder / "scenario.toml").read_text()))
         out.append((scn, Trace.load(folder)))
     return out

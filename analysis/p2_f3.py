@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save  # noqa: E402  (matplotlib set to Agg there)
+from _common import finished_points, save  # noqa: E402  (matplotlib set to Agg there)
 
 NAME = "p2_f3"
 
@@ -32,13 +32,10 @@ def measured(sweep_dir: Path) -> pd.DataFrame:
     from asyncsim.stability import edge, effective_edge
     from asyncsim.trace import Trace
 
-    index = pd.read_csv(Path(sweep_dir) / "index.csv")
     items = []
-    for _, r in index.iterrows():
-        folder = Path(sweep_dir) / r["point"]
-        if (folder / "summary.json").exists():
-            scn = load_scenario(tomllib.loads((folder / "scenario.toml").read_text()))
-            items.append((scn, Trace.load(folder)))
+    for folder in finished_points(sweep_dir):
+        scn = load_scenario(tomllib.loads((folder / "scenario.toml").read_text()))
+        items.append((scn, Trace.load(folder)))
     items.sort(key=lambda st: st[0].protocol.tau)
     big = items[-1][0]
     momenta = big.figure.get("momenta", ["none", "heavy-ball", "dampened", "shifted"])

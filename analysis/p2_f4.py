@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save  # noqa: E402  (matplotlib set to Agg there)
+from _common import finished_points, save  # noqa: E402  (matplotlib set to Agg there)
 
 NAME = "p2_f4"
 RULES = {"constant": ("η = η0 (constant)", "C0", "o"),
@@ -77,12 +77,8 @@ def points(sweep_dir: Path, *, measure_sharpness: bool = True) -> pd.DataFrame:
     from asyncsim.online import load_params
     from asyncsim.scenario import load_scenario
 
-    index = pd.read_csv(Path(sweep_dir) / "index.csv")
     rows = []
-    for _, r in index.iterrows():
-        folder = Path(sweep_dir) / r["point"]
-        if not (folder / "summary.json").exists():
-            continue
+    for folder in finished_points(sweep_dir):
         summary = json.loads((folder / "summary.json").read_text())
         scn = load_scenario(tomllib.loads((folder / "scenario.toml").read_text()))
         tau = int(scn.protocol.tau)
