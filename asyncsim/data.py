@@ -38,7 +38,6 @@ Built-ins
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import pickle
 import tarfile
@@ -52,6 +51,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from asyncsim._factory import build
 
 __all__ = [
     "CIFAR10_SHA256",
@@ -109,25 +110,8 @@ def get_dataset(name: str, *, seed: int, **options: Any) -> Dataset:
     """Build data set ``name``; ValueError for an unknown name or option (listing the allowed)."""
     if name not in _DATASETS:
         raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(available_datasets())}")
-    factory = _DATASETS[name]
-    sig = inspect.signature(factory)
-    params = [
-        p.name
-        for p in sig.parameters.values()
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "seed"
-    ]
-    unknown = sorted(set(options) - set(params))
-    if unknown:
-        raise ValueError(
-            f"dataset {name!r}: unknown option(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(params) or '(none)'}"
-        )
-    try:
-        return factory(seed=seed, **options)
-    except DataError:
-        raise
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"dataset {name!r}: {err} (options: {', '.join(params)})") from err
+    return build("dataset", name, _DATASETS[name], options, fixed={"seed": seed},
+                 reraise=(DataError,))
 
 
 def _pos_int(value: Any, what: str) -> int:

@@ -41,7 +41,6 @@ as the identity and the network trains stably without normalisation.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from asyncsim._factory import build
 
 PyTree = Any
 
@@ -120,26 +121,7 @@ def get_model(name: str, **options: Any) -> Model:
     """
     if name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; allowed: {', '.join(available_models())}")
-    factory = _MODELS[name]
-    sig = inspect.signature(factory)
-    params = [
-        p.name
-        for p in sig.parameters.values()
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    unknown = sorted(set(options) - set(params))
-    if unknown and not accepts_any:
-        raise ValueError(
-            f"model {name!r}: unknown option(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(params) or '(none)'}"
-        )
-    try:
-        return factory(**options)
-    except (TypeError, ValueError) as err:
-        raise ValueError(
-            f"model {name!r}: {err} (options: {', '.join(params) or '(none)'})"
-        ) from err
+    return build("model", name, _MODELS[name], options)
 
 
 def num_params(params: PyTree) -> int:

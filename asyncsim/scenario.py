@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import itertools
 import math
 import os
@@ -30,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from asyncsim._factory import keyword_options
 from asyncsim.config import Scenario, from_dict, to_dict
 from asyncsim.errors import ScenarioError
 
@@ -286,17 +286,14 @@ def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
     if name not in names:
         raise ScenarioError(f"{section}.name",
                             f"unknown {section} {name!r}; allowed: {', '.join(names)}")
-    factory = registry[name]
     try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
+        allowed, accepts_any = keyword_options(registry[name], exclude=("seed", "self"))
+    except (TypeError, ValueError):  # no inspectable signature: the factory will say
         return
-    params = sig.parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if accepts_any:
         return
-    allowed = [p for p in params if p not in ("seed", "self")]
     for k in options:
-        if k not in params or k == "seed":
+        if k not in allowed:
             raise ScenarioError(f"{section}.{k}", f"unknown option for {section} {name!r}; "
                                 f"allowed: name, {', '.join(allowed) or '(no options)'}"
                                 + (", batch_size" if section == "data" else ""))

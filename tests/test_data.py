@@ -27,6 +27,7 @@ from asyncsim.data import (
     batch_indices,
     default_cache_dir,
     get_dataset,
+    register_dataset,
 )
 
 # One jitted sampler for every test: eager op-by-op dispatch is slow on a busy CPU.
@@ -50,6 +51,36 @@ def test_registry():
         get_dataset("synthetic-cifar", seed=0, n_trian=5)
     with pytest.raises(ValueError, match="n_train must be a positive integer"):
         get_dataset("synthetic-cifar", seed=0, n_train=-5)
+
+
+def test_registered_factory_options_checked_like_models(monkeypatch):
+    """A plug-in data set gets the same option check as a model: named unknown options are
+    refused listing the allowed ones (never ``seed``, which asyncsim passes itself), a
+    factory with ``**options`` receives whatever the scenario gives, and DataError (a
+    missing file) passes through unchanged."""
+    import asyncsim.data as data_mod
+
+    monkeypatch.setattr(data_mod, "_DATASETS", dict(data_mod._DATASETS))
+    seen = {}
+
+    @register_dataset("plug-fixed")
+    def fixed(*, seed, size=4):
+        if size > 8:
+            raise DataError("no file for size > 8")
+        return get_dataset("gaussian", seed=seed, n_train=size, n_test=size)
+
+    @register_dataset("plug-any")
+    def anything(*, seed, **options):
+        seen.update(options, seed=seed)
+        return get_dataset("gaussian", seed=seed, n_train=4, n_test=4)
+
+    assert get_dataset("plug-fixed", seed=1, size=6).x_train.shape[0] == 6
+    with pytest.raises(ValueError, match=r"'plug-fixed': unknown option\(s\) sise; allowed: size$"):
+        get_dataset("plug-fixed", seed=1, sise=6)
+    with pytest.raises(DataError, match="no file"):
+        get_dataset("plug-fixed", seed=1, size=9)
+    get_dataset("plug-any", seed=2, colour="red")
+    assert seen == {"colour": "red", "seed": 2}
 
 
 def test_synthetic_shapes_dtypes_balance(small):
