@@ -651,7 +651,11 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool):
             losses, grads = jax.vmap(one, in_axes=(0, None, None, 0, 0))(
                 params_c, x_all, y_all, l, b)
         st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
-        if K > 1:  # the reads cost a copy of a version each, the write one more
+        if K > 1:
+            # The reads cost a copy of a version each, the write one more. Measured on 2 CPU
+            # cores for a 1.6 MB weight: the dynamic write costs ~0.12 ms per update, the read
+            # ~0.03 ms; an extra fused elementwise output (a static destination) would cost
+            # ~0.05 ms, but static destinations need the body unrolled over a ring of S + 1.
             buf = tm(lambda a, p: lax.dynamic_update_index_in_dim(a, p, w, 0), buf, st.params)
         return (st, buf), losses
 
