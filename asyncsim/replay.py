@@ -117,11 +117,14 @@ def replay_memory(trace: Trace, n_params: int, *, bytes_per_param: int = 4) -> d
             "bound_bytes": (trace.max_staleness + 1) * n_params * bytes_per_param}
 
 
-def _check_memory(versions: int, trace: Trace, need: int, max_memory: int) -> None:
-    """Refuse, before anything is allocated, a replay whose versions exceed ``max_memory``."""
+def _check_memory(versions: int, trace: Trace, need: int, max_memory: int, *,
+                  points: int = 1) -> None:
+    """Refuse, before anything is allocated, a replay whose versions exceed ``max_memory``
+    (``points``: a vmapped sweep holds the versions once per sweep point)."""
     if need > max_memory:
+        each = f" for each of {points} sweep points" if points > 1 else ""
         raise ReplayMemoryError(
-            f"replaying this trace holds {versions} parameter versions at once (max "
+            f"replaying this trace holds {versions} parameter versions at once{each} (max "
             f"staleness {trace.max_staleness}): {need / 2**20:.1f} MiB, more than the "
             f"{max_memory / 2**20:.1f} MiB allowed (max_memory)")
 
@@ -326,15 +329,9 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     P = len(hypers)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     n_params = num_params(shapes)
+    # Both paths hold the same versions: slot_plan's K is the most alive at once.
     need = replay_memory(trace, n_params * P)
-    if path == "scan":
-        slot, K = slot_plan(trace)
-        need["versions"] = K
-        need["bytes"] = K * n_params * P * 4
-    if need["bytes"] > max_memory:
-        raise ReplayMemoryError(f"a vmapped replay of {P} points holds {need['versions']} "
-                                f"versions x {P}: {need['bytes'] / 2**20:.1f} MiB > "
-                                f"{max_memory / 2**20:.1f} MiB (max_memory)")
+    _check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
     t0 = time.perf_counter()
     tm = jax.tree_util.tree_map
     p0 = num.init_params()
@@ -373,6 +370,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
         c = int(counts[0]) if m else 1
         if m == 0 or np.any(trace.updates["n_grads"] != c):
             raise ValueError("path='scan' needs the same number of gradients in every update")
+        slot, K = slot_plan(trace)
         run_chunk = _scan_program(num, c, K, vmapped=True)
         buf = tm(lambda p: jax.numpy.broadcast_to(p[:, None], (P, K, *p.shape[1:])),
                  state.params)

@@ -29,6 +29,7 @@ from asyncsim.replay import (
     replay,
     replay_folder,
     replay_scan,
+    replay_vmapped,
     slot_plan,
 )
 from asyncsim.scenario import load_scenario
@@ -243,6 +244,10 @@ def test_replay_memory_bound_is_checked_before_allocating(num_cache):
         replay(scn, res.trace, numerics=num_cache(scn), max_memory=1000)
     with pytest.raises(ReplayMemoryError, match="parameter versions"):
         replay_scan(scn, res.trace, numerics=num_cache(scn), max_memory=1000)
+    for path in ("loop", "scan"):
+        with pytest.raises(ReplayMemoryError, match="versions at once for each of 2 sweep"):
+            replay_vmapped(scn, res.trace, [{"lr": 0.01}, {"lr": 0.02}],
+                           numerics=num_cache(scn), max_memory=1000, path=path)
 
 
 def test_run_folder_and_replay_folder(tmp_path):
