@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 import matplotlib
@@ -30,11 +31,8 @@ def _label(compute: str) -> str:
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     rows = []
     for folder in finished_points(sweep_dir):
-        scn = (folder / "scenario.toml").read_text()
+        s = tomllib.loads((folder / "scenario.toml").read_text())
         trace = Trace.load(folder)
-        import tomllib
-
-        s = tomllib.loads(scn)
         skip = int(s.get("figure", {}).get("warmup_updates", 100))
         lam = s["cluster"]["learners"]
         n = s["protocol"]["n"]

@@ -127,7 +127,7 @@ def trajectory(folder: Path, *, n_points: int = 40, samples: int | None = None,
         edge (2 sin(π/(4τ+2))), bound (edge/η), eta_lambda (η·λ_max).
     """
     from asyncsim.engine import Numerics
-    from asyncsim.replay import replay
+    from asyncsim.replayer import replay
     from asyncsim.scenario import load_scenario
     from asyncsim.trace import Trace
 

@@ -24,7 +24,7 @@ from asyncsim.errors import ScenarioError
 from asyncsim.models import Model, get_model, register_model
 from asyncsim.online import RunResult, run
 from asyncsim.protocols import Protocol, register_protocol
-from asyncsim.replay import replay
+from asyncsim.replayer import replay
 from asyncsim.scenario import load_scenario
 from asyncsim.sweep import run_sweep
 from asyncsim.trace import Trace

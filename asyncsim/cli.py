@@ -168,7 +168,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from asyncsim.replay import replay_folder
+    from asyncsim.replayer import replay_folder
 
     result = replay_folder(args.run_dir, out=args.out, overrides=args.overrides,
                            force=args.force, progress=not args.quiet, path=args.path)

@@ -14,7 +14,7 @@ code and the update core check each other:
    buffer of the last ``S + 1`` parameter versions, each update applied by the shared core
    (:func:`asyncsim.core.make_core`), ``jax.vmap``-ed over a grid of learning rates through
    the state's ``hyper["lr"]`` (and optionally over several traces), all in one compiled
-   program. It agrees with the Python-loop :func:`asyncsim.replay.replay` (tested);
+   program. It agrees with the Python-loop :func:`asyncsim.replay` (tested);
 3. :func:`find_edge` brackets the largest stable ``x = η·λ`` on a log grid, then refines it
    on linear grids until the bracket is narrower than ``rel_tol``.
 
@@ -117,7 +117,7 @@ def _trace_arrays(trace: Trace) -> dict[str, np.ndarray]:
     n = trace.updates["n_grads"]
     if trace.num_updates and not np.all(n == 1):
         raise ValueError("the scan executor handles one gradient per update (async, "
-                         "fixed-delay); use asyncsim.replay.replay for grouped updates")
+                         "fixed-delay); use asyncsim.replay for grouped updates")
     g = trace.grads
     return {"read": g["read_version"].astype(np.int32),
             "stale": g["staleness"].astype(np.int32),
@@ -427,7 +427,7 @@ def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
         protocol has none), sync_edge (``2/η``), diverged.
     """
     from asyncsim.api import simulate
-    from asyncsim.replay import replay
+    from asyncsim.replayer import replay
     from asyncsim.sharpness import sharpness
     from asyncsim.stability import lr_for_delay
 

@@ -9,7 +9,7 @@
 
 Points whose scenarios differ only in numerics (``optimizer.*``) share their timing, so one
 trace is simulated per timing group and each point is an exact replay of it
-(:mod:`asyncsim.replay`); ``index.csv`` says which points shared a trace (``trace_group``).
+(:mod:`asyncsim.replayer`); ``index.csv`` says which points shared a trace (``trace_group``).
 A point whose folder is already complete is not run again, so an interrupted sweep resumes
 where it stopped, and ``asyncsim run`` of a figure scenario "runs what is missing".
 
@@ -68,7 +68,7 @@ def plan(scn: Scenario) -> list[dict[str, Any]]:
 def _run_point(item: Mapping[str, Any], folder: Path, shared_trace, *, progress: bool):
     """Run one point: replay of the group's trace when it is shared, else an online run."""
     from asyncsim.online import run
-    from asyncsim.replay import replay
+    from asyncsim.replayer import replay
 
     scn = item["scenario"]
     if shared_trace is not None:
@@ -202,7 +202,7 @@ def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
 
 def _hyper_only(todo, scn: Scenario):
     """Core hyperparameters per point when the points of a group differ only in those."""
-    from asyncsim.replay import hyper_of
+    from asyncsim.replayer import hyper_of
 
     keys = sorted({k for it in todo for k in it["keys"]})
     varying = [k for k in keys if len({repr(it["keys"].get(k)) for it in todo}) > 1]
@@ -220,7 +220,7 @@ def _hyper_only(todo, scn: Scenario):
 def _vmap_job(todo, hypers, out, trace, vmap):
     def job():
         from asyncsim.engine import Numerics
-        from asyncsim.replay import replay, replay_scan, replay_vmapped, sweep_path
+        from asyncsim.replayer import replay, replay_scan, replay_vmapped, sweep_path
 
         base = todo[0]["scenario"]
         num = Numerics(base)

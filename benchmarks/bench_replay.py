@@ -33,7 +33,7 @@ from _util import (  # noqa: E402
 from asyncsim.api import simulate  # noqa: E402
 from asyncsim.engine import Numerics  # noqa: E402
 from asyncsim.online import run  # noqa: E402
-from asyncsim.replay import (  # noqa: E402
+from asyncsim.replayer import (  # noqa: E402
     replay,
     replay_scan,
     replay_vmapped,

@@ -21,7 +21,7 @@ from asyncsim.edges import (
     sharpness_trajectory,
     stable_mask,
 )
-from asyncsim.replay import replay
+from asyncsim.replayer import replay
 from asyncsim.stability import edge
 
 TAUS = [0, 1, 2, 4, 8, 16, 32]

@@ -23,7 +23,7 @@ from asyncsim.data import batch_indices
 from asyncsim.engine import Numerics
 from asyncsim.invariants import check_trace
 from asyncsim.online import load_params, run
-from asyncsim.replay import (
+from asyncsim.replayer import (
     ReplayMemoryError,
     last_use,
     replay,
@@ -124,7 +124,7 @@ def test_replay_equals_online(kind, extra, momentum, num_cache):
     ({"kind": "hardsync"}, 6),  # nothing stale: no version buffer, c = 6
 ])
 def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
-    from asyncsim.replay import choose_path
+    from asyncsim.replayer import choose_path
 
     cluster = {"learners": learners}
     scn = tiny(protocol=proto, cluster=cluster, run={"updates": 30, "eval_every": 10},

@@ -25,7 +25,7 @@ from asyncsim.real import (  # noqa: E402
     ray_executor,
     real_run,
 )
-from asyncsim.replay import replay_folder  # noqa: E402
+from asyncsim.replayer import replay_folder  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402
 from asyncsim.trace import Trace  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 from asyncsim.api import simulate
 from asyncsim.engine import Numerics
-from asyncsim.replay import replay, replay_vmapped
+from asyncsim.replayer import replay, replay_vmapped
 from asyncsim.scenario import load_scenario
 from asyncsim.sweep import plan, run_sweep
 
@@ -57,7 +57,7 @@ def test_vmapped_member_equals_single_replay(path, proto):
 
 
 def test_sweep_path_is_a_measured_choice():
-    from asyncsim.replay import sweep_path
+    from asyncsim.replayer import sweep_path
 
     scn = load_scenario({**BASE, "run": {"updates": 100, "eval_every": 0}})
     trace = simulate(scn)
@@ -71,7 +71,7 @@ def test_predict_times_separates_fixed_and_per_update_costs():
     # Two fake candidates: A costs 30 ms per call whatever the length, B 1 ms per update.
     # On 1,000 updates A must be predicted ~0.03 s and B ~1 s, although B is the faster
     # one on the 12-update probe.
-    from asyncsim.replay import predict_times
+    from asyncsim.replayer import predict_times
 
     scn = load_scenario({**BASE, "run": {"updates": 1000}})
     trace = simulate(scn)

@@ -1,0 +1,33 @@
+"""The top-level API: what ``asyncsim/__init__.py`` re-exports, and that no re-exported
+name hides a submodule (``asyncsim.replay`` is the function; its module is
+``asyncsim.replayer``, so ``asyncsim.replayer.slot_plan`` and ``import asyncsim.replayer``
+both reach the module)."""
+
+import importlib
+import pkgutil
+import sys
+import types
+
+import asyncsim
+
+
+def test_all_names_exist_and_are_documented():
+    for name in asyncsim.__all__:
+        obj = getattr(asyncsim, name)
+        assert obj.__doc__, f"asyncsim.{name} has no docstring"
+
+
+def test_no_reexport_shadows_a_submodule():
+    for info in pkgutil.iter_modules(asyncsim.__path__):
+        mod = importlib.import_module(f"asyncsim.{info.name}")
+        attr = getattr(asyncsim, info.name)
+        assert attr is mod, f"asyncsim.{info.name} is {attr!r}, not the submodule"
+
+
+def test_replay_function_and_module():
+    import asyncsim.replayer as replayer
+
+    assert isinstance(replayer, types.ModuleType)
+    assert sys.modules["asyncsim.replayer"] is replayer
+    assert asyncsim.replay is replayer.replay and callable(asyncsim.replay)
+    assert callable(asyncsim.replayer.slot_plan)
