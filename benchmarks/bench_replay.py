@@ -32,6 +32,7 @@ from _util import (  # noqa: E402
 
 from asyncsim.api import simulate  # noqa: E402
 from asyncsim.engine import Numerics  # noqa: E402
+from asyncsim.models import num_params  # noqa: E402
 from asyncsim.online import run  # noqa: E402
 from asyncsim.replayer import (  # noqa: E402
     replay,
@@ -77,11 +78,16 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
     fastest = min(t["plain loop"], t["plain scan"])
     path = min(("loop", "scan"), key=lambda p: t[f"replay {p}"])
     _, k = slot_plan(trace)
+    # What replay adds per update over the fastest plain loop, next to the parameter bytes
+    # it copies into and out of the version buffer: the overhead is a fixed cost per update.
+    extra_ms = (t[f"replay {path}"] - fastest) / trace.num_updates * 1e3
+    mbytes = num_params(num.init_params()) * 4 / 2**20
     print(f"1. {name}: {len(batches)} gradients at mu={mu} (async, max staleness "
           f"{trace.max_staleness}, {k} versions alive at most): replay loop "
           f"{t['replay loop']:.3f} s, replay scan {t['replay scan']:.3f} s; plain loop "
           f"{t['plain loop']:.3f} s, plain scan {t['plain scan']:.3f} s -> throughput ratio "
-          f"{fastest / t[f'replay {path}']:.3f} with the {path} path (target >= 0.9)")
+          f"{fastest / t[f'replay {path}']:.3f} with the {path} path (target >= 0.9); "
+          f"replay adds {extra_ms:+.3f} ms per update ({mbytes:.2f} MiB of parameters)")
 
 
 def sweep_vs_single(name, model, repeat):
