@@ -175,7 +175,25 @@ def cmd_replay(args) -> int:
     if not args.quiet:
         _print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
                                         "wall_time", "param_hash"])
+        print(_source_line(result.summary, set_by_user=bool(args.overrides)))
     return 0
+
+
+def _source_line(summary, *, set_by_user: bool) -> str:
+    """One line on how a replay compares with the run it replayed."""
+    if summary.get("source_param_hash") is None:
+        return "the source run has no summary.json (it did not finish): nothing to compare"
+    if summary["matches_source"]:
+        return "same param_hash as the source run: bit-identical parameters"
+    diff = summary.get("max_abs_diff_to_source")
+    line = "param_hash differs from the source run's" + (
+        f": max |difference| over the parameters {diff:.3g}" if diff is not None else "")
+    if set_by_user:
+        return line + " (--set changed the numerics)"
+    if summary.get("replay_path") == "scan":
+        return line + (" (the scan path agrees with the loop to floating-point tolerance, "
+                       "not bit for bit; --path loop reproduces the hash)")
+    return line + " (the loop path is bit-identical on the machine that recorded the run)"
 
 
 def cmd_stability(args) -> int:

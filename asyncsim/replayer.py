@@ -216,10 +216,44 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     if path == "auto":
         path = choose_path(scn, trace)
     if path == "scan":
-        return replay_scan(scn, trace, out=out, force=force)
-    if path != "loop":
+        result = replay_scan(scn, trace, out=out, force=force)
+    elif path == "loop":
+        result = replay(scn, trace, out=out, force=force, progress=progress)
+    else:
         raise ValueError(f"path must be loop, scan or auto, got {path!r}")
-    return replay(scn, trace, out=out, force=force, progress=progress)
+    result.summary.update(compare_with_source(run_dir, result))
+    runs.write_summary(Path(out), result.summary)
+    return result
+
+
+def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any]:
+    """How a replay's final parameters compare with those of the run it replayed.
+
+    Returns the ``summary.json`` fields ``source_param_hash`` (None when the source folder
+    has no ``summary.json``, i.e. the run did not finish), ``matches_source`` (the two
+    ``param_hash`` values are equal: bit-identical parameters) and ``max_abs_diff_to_source``
+    (the largest absolute difference over all parameters; None when the source has no
+    ``params.npz`` of the same structure, e.g. after ``--set model.*``).
+    """
+    from asyncsim.online import load_params
+
+    run_dir = Path(run_dir)
+    if not runs.is_complete(run_dir):
+        return {"source_param_hash": None, "matches_source": None,
+                "max_abs_diff_to_source": None}
+    src_hash = runs.read_summary(run_dir).get("param_hash")
+    try:
+        src = load_params(run_dir, result.params)
+        diffs = jax.tree_util.tree_map(
+            lambda a, b: float(np.max(np.abs(np.asarray(a, np.float64)
+                                             - np.asarray(b, np.float64)), initial=0.0)),
+            result.params, src)
+        diff = max(jax.tree_util.tree_leaves(diffs), default=0.0)
+    except (OSError, KeyError, ValueError, TypeError):
+        diff = None
+    return {"source_param_hash": src_hash,
+            "matches_source": src_hash == result.summary.get("param_hash"),
+            "max_abs_diff_to_source": diff}
 
 
 def choose_path(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,

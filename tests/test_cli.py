@@ -126,3 +126,49 @@ def test_trace_sweep_and_figure(tmp_path):
     assert (out / "figures" / "p1_f1_staleness.csv").exists()
     # Figures redraw from existing runs only.
     assert main(["figures", "p1_f1_staleness", "--runs", str(tmp_path / "nothing")]) == 2
+
+
+TINY_RUN = GOOD.replace("updates = 50", "updates = 6") + """
+[model]
+name = "mlp"
+hidden = [8]
+[data]
+name = "synthetic-cifar"
+batch_size = 4
+n_train = 64
+n_test = 32
+"""
+
+
+def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
+    """`asyncsim replay` checks its result against the run it replayed: the loop path is
+    bit-identical, the scan path agrees to tolerance, --set changes the numerics, and an
+    unfinished source has nothing to compare."""
+    src = tmp_path / "run"
+    assert main(["run", str(write(tmp_path, TINY_RUN)), "--out", str(src), "--quiet"]) == 0
+    capsys.readouterr()
+
+    def replay(*extra):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        assert main(["replay", str(src), "--out", str(out), *extra]) == 0
+        return capsys.readouterr().out.strip().splitlines()[-1], json.loads(
+            (out / "summary.json").read_text())
+
+    source_hash = json.loads((src / "summary.json").read_text())["param_hash"]
+    line, s = replay()
+    assert line.startswith("same param_hash as the source run")
+    assert s["matches_source"] and s["max_abs_diff_to_source"] == 0.0
+    assert s["source_param_hash"] == source_hash
+
+    line, s = replay("--path", "scan")
+    assert s["source_param_hash"] == source_hash and s["max_abs_diff_to_source"] < 1e-5
+    if not s["matches_source"]:
+        assert "--path loop reproduces the hash" in line
+
+    line, s = replay("--set", "optimizer.lr=0.5")
+    assert not s["matches_source"] and s["max_abs_diff_to_source"] > 1e-4
+    assert line.endswith("(--set changed the numerics)")
+
+    (src / "summary.json").unlink()  # as a killed run leaves it
+    line, s = replay()
+    assert "did not finish" in line and s["source_param_hash"] is None
