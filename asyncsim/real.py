@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,10 +88,16 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
         return
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                           "ignore_reinit_error": True}
-    if address:
-        ray.init(address=address, **kw)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kw)
+    with warnings.catch_warnings():
+        # Ray starts its processes with subprocess (fork immediately followed by exec, no
+        # Python in the child), which trips JAX's warning about forking a multithreaded
+        # process; that warning is about fork without exec, so it does not apply here.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
+        if address:
+            ray.init(address=address, **kw)
+        else:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kw)
 
 
 def check_supported(scn: Scenario) -> None:
