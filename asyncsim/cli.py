@@ -175,14 +175,18 @@ def cmd_replay(args) -> int:
     if not args.quiet:
         _print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
                                         "wall_time", "param_hash"])
-        print(_source_line(result.summary, set_by_user=bool(args.overrides)))
+        print(_source_line(result.summary, args.run_dir, set_by_user=bool(args.overrides)))
     return 0
 
 
-def _source_line(summary, *, set_by_user: bool) -> str:
+def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     """One line on how a replay compares with the run it replayed."""
+    from asyncsim.runs import is_complete
+
     if summary.get("source_param_hash") is None:
-        return "the source run has no summary.json (it did not finish): nothing to compare"
+        if not is_complete(run_dir):
+            return "the source run has no summary.json (it did not finish): nothing to compare"
+        return "the source is a timing-only trace (no parameters): nothing to compare"
     if summary["matches_source"]:
         return "same param_hash as the source run: bit-identical parameters"
     diff = summary.get("max_abs_diff_to_source")

@@ -209,6 +209,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     written to ``RUN_DIR/replay``.
     """
     run_dir = Path(run_dir)
+    _check_replayable(run_dir)
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
     trace = Trace.load(run_dir)
     trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
@@ -226,11 +227,28 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     return result
 
 
+def _check_replayable(run_dir: Path) -> None:
+    """A one-line :class:`~asyncsim.runs.RunFolderError` for a folder replay cannot use."""
+    if not run_dir.is_dir():
+        raise runs.RunFolderError(f"{run_dir}: no such run folder")
+    if (run_dir / "index.csv").exists() and not (run_dir / "scenario.toml").exists():
+        points = sorted(p.name for p in run_dir.iterdir() if (p / "scenario.toml").exists())
+        example = f" (e.g. {run_dir / points[0]})" if points else ""
+        raise runs.RunFolderError(f"{run_dir}: a sweep folder; replay one of its points"
+                                  f"{example}")
+    missing = [f for f in ("scenario.toml", "trace_grads.parquet", "trace_updates.parquet",
+                           "trace_meta.json") if not (run_dir / f).exists()]
+    if missing:
+        raise runs.RunFolderError(f"{run_dir}: not a run folder with a trace (missing "
+                                  f"{', '.join(missing)})")
+
+
 def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any]:
     """How a replay's final parameters compare with those of the run it replayed.
 
     Returns the ``summary.json`` fields ``source_param_hash`` (None when the source folder
-    has no ``summary.json``, i.e. the run did not finish), ``matches_source`` (the two
+    has no ``summary.json``, i.e. the run did not finish, or is a timing-only trace from
+    ``asyncsim trace``, which has no parameters), ``matches_source`` (the two
     ``param_hash`` values are equal: bit-identical parameters) and ``max_abs_diff_to_source``
     (the largest absolute difference over all parameters; None when the source has no
     ``params.npz`` of the same structure, e.g. after ``--set model.*``).
@@ -242,6 +260,9 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
         return {"source_param_hash": None, "matches_source": None,
                 "max_abs_diff_to_source": None}
     src_hash = runs.read_summary(run_dir).get("param_hash")
+    if src_hash is None:
+        return {"source_param_hash": None, "matches_source": None,
+                "max_abs_diff_to_source": None}
     try:
         src = load_params(run_dir, result.params)
         diffs = jax.tree_util.tree_map(

@@ -172,3 +172,25 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     (src / "summary.json").unlink()  # as a killed run leaves it
     line, s = replay()
     assert "did not finish" in line and s["source_param_hash"] is None
+
+    trace_only = tmp_path / "trace"
+    assert main(["trace", str(write(tmp_path, TINY_RUN)), "--out", str(trace_only),
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    src = trace_only
+    line, s = replay()
+    assert "timing-only trace" in line and s["matches_source"] is None
+
+
+def test_replay_of_what_is_not_a_run_folder_is_one_line(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    (sweep / "p000").mkdir(parents=True)
+    (sweep / "index.csv").write_text("point\n")
+    (sweep / "p000" / "scenario.toml").write_text(GOOD)
+    cases = [(tmp_path / "nowhere", "no such run folder"),
+             (sweep, f"a sweep folder; replay one of its points (e.g. {sweep / 'p000'})"),
+             (sweep / "p000", "missing trace_grads.parquet")]
+    for folder, says in cases:
+        assert main(["replay", str(folder)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, err
