@@ -833,7 +833,7 @@ def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
     from asyncsim.scenario import load_scenario
     from asyncsim.trace import Trace
 
-    run_dir = Path(run_dir)
+    run_dir = runs.require_run_folder(run_dir)
     scn = load_scenario(run_dir / "scenario.toml")
     trace = Trace.load(run_dir)
     out = Path(out) if out else run_dir / "calibrated.toml"
@@ -896,7 +896,8 @@ def compare(run_a: str | Path, run_b: str | Path, *, figure: str | Path | None =
     """
     from asyncsim.trace import Trace
 
-    ta, tb = Trace.load(run_a), Trace.load(run_b)
+    ta = Trace.load(runs.require_run_folder(run_a, scenario=False))
+    tb = Trace.load(runs.require_run_folder(run_b, scenario=False))
     pa, pb = staleness_distribution(ta, skip=skip), staleness_distribution(tb, skip=skip)
     n = max(pa.size, pb.size)
     pa, pb = np.pad(pa, (0, n - pa.size)), np.pad(pb, (0, n - pb.size))

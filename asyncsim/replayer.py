@@ -209,7 +209,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     written to ``RUN_DIR/replay``.
     """
     run_dir = Path(run_dir)
-    _check_replayable(run_dir)
+    runs.require_run_folder(run_dir)
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
     trace = Trace.load(run_dir)
     trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
@@ -225,22 +225,6 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     result.summary.update(compare_with_source(run_dir, result))
     runs.write_summary(Path(out), result.summary)
     return result
-
-
-def _check_replayable(run_dir: Path) -> None:
-    """A one-line :class:`~asyncsim.runs.RunFolderError` for a folder replay cannot use."""
-    if not run_dir.is_dir():
-        raise runs.RunFolderError(f"{run_dir}: no such run folder")
-    if (run_dir / "index.csv").exists() and not (run_dir / "scenario.toml").exists():
-        points = sorted(p.name for p in run_dir.iterdir() if (p / "scenario.toml").exists())
-        example = f" (e.g. {run_dir / points[0]})" if points else ""
-        raise runs.RunFolderError(f"{run_dir}: a sweep folder; replay one of its points"
-                                  f"{example}")
-    missing = [f for f in ("scenario.toml", "trace_grads.parquet", "trace_updates.parquet",
-                           "trace_meta.json") if not (run_dir / f).exists()]
-    if missing:
-        raise runs.RunFolderError(f"{run_dir}: not a run folder with a trace (missing "
-                                  f"{', '.join(missing)})")
 
 
 def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any]:

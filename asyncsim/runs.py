@@ -70,6 +70,28 @@ def is_complete(folder: str | os.PathLike) -> bool:
     return (Path(folder) / SUMMARY).exists()
 
 
+TRACE_FILES = ("trace_grads.parquet", "trace_updates.parquet", "trace_meta.json")
+
+
+def require_run_folder(folder: str | os.PathLike, *, scenario: bool = True) -> Path:
+    """``folder`` as a Path if it holds a trace (and, with ``scenario``, its scenario.toml);
+    otherwise a one-line :class:`RunFolderError` saying what it is instead: missing, a
+    sweep folder (naming one of its points) or a folder without a trace."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RunFolderError(f"{folder}: no such run folder")
+    need = (("scenario.toml",) if scenario else ()) + TRACE_FILES
+    missing = [f for f in need if not (folder / f).exists()]
+    if missing and (folder / "index.csv").exists():
+        points = sorted(p.name for p in folder.iterdir() if (p / TRACE_FILES[0]).exists())
+        example = f" (e.g. {folder / points[0]})" if points else ""
+        raise RunFolderError(f"{folder}: a sweep folder; use one of its points{example}")
+    if missing:
+        raise RunFolderError(f"{folder}: not a run folder with a trace (missing "
+                             f"{', '.join(missing)})")
+    return folder
+
+
 def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(folder) / SUMMARY).read_text())
 
@@ -84,6 +106,8 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()):
         if is_complete(folder) and not force:
+            if resume:
+                raise RunFolderError(f"{folder}: the run is complete; nothing to resume")
             raise RunFolderError(f"{folder}: already holds a complete run; "
                                  "choose another --out or pass --force")
         if not resume and not force and not is_complete(folder):

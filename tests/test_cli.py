@@ -147,6 +147,8 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     src = tmp_path / "run"
     assert main(["run", str(write(tmp_path, TINY_RUN)), "--out", str(src), "--quiet"]) == 0
     capsys.readouterr()
+    assert main(["run", "--resume", str(src)]) == 2
+    assert "the run is complete; nothing to resume" in capsys.readouterr().err
 
     def replay(*extra):
         out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
@@ -182,15 +184,21 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     assert "timing-only trace" in line and s["matches_source"] is None
 
 
-def test_replay_of_what_is_not_a_run_folder_is_one_line(tmp_path, capsys):
+def test_commands_on_what_is_not_a_run_folder_say_so_in_one_line(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     (sweep / "p000").mkdir(parents=True)
     (sweep / "index.csv").write_text("point\n")
     (sweep / "p000" / "scenario.toml").write_text(GOOD)
+    for f in ("trace_grads.parquet", "trace_updates.parquet", "trace_meta.json"):
+        (sweep / "p000" / f).write_text("")  # only their presence matters to the check
+    (sweep / "p001").mkdir()
+    (sweep / "p001" / "scenario.toml").write_text(GOOD)
     cases = [(tmp_path / "nowhere", "no such run folder"),
-             (sweep, f"a sweep folder; replay one of its points (e.g. {sweep / 'p000'})"),
-             (sweep / "p000", "missing trace_grads.parquet")]
+             (sweep, f"a sweep folder; use one of its points (e.g. {sweep / 'p000'})"),
+             (sweep / "p001", "missing trace_grads.parquet")]
     for folder, says in cases:
-        assert main(["replay", str(folder)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and says in err, err
+        for argv in (["replay", str(folder)], ["calibrate", str(folder)],
+                     ["compare", str(folder), str(sweep / "p000")]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and says in err, (argv, err)
