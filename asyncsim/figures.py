@@ -55,6 +55,11 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
                  out: str | Path = "figures", profile: str | None = None) -> list[Path]:
     """Draw each named figure (default: every one whose runs exist) from its run folders."""
     written: list[Path] = []
+    drawable = sorted(p.stem for p in ANALYSIS.glob("[!_]*.py")) if ANALYSIS.is_dir() else []
+    for name in names or []:
+        if name not in drawable:
+            raise ScenarioError("", f"unknown figure {name!r}; figures: "
+                                f"{', '.join(drawable) or '(none)'}", file=name)
     for name in names or available_figures():
         d = sweep_dir(name, runs_dir, profile)
         if not d.exists():

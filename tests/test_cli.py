@@ -115,7 +115,7 @@ def test_override_errors_name_the_key(tmp_path, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
-def test_trace_sweep_and_figure(tmp_path):
+def test_trace_sweep_and_figure(tmp_path, capsys):
     from pathlib import Path
 
     scn = Path(__file__).resolve().parent.parent / "scenarios" / "p1_f1_staleness.toml"
@@ -126,6 +126,9 @@ def test_trace_sweep_and_figure(tmp_path):
     assert (out / "figures" / "p1_f1_staleness.csv").exists()
     # Figures redraw from existing runs only.
     assert main(["figures", "p1_f1_staleness", "--runs", str(tmp_path / "nothing")]) == 2
+    assert main(["figures", "p1_f1_stalenes"]) == 2  # a typo is not a missing run
+    assert "unknown figure 'p1_f1_stalenes'; figures: p1_beyond, p1_f1_staleness" in (
+        capsys.readouterr().err)
 
 
 TINY_RUN = GOOD.replace("updates = 50", "updates = 6") + """
