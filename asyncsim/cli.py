@@ -197,7 +197,8 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     if summary.get("replay_path") == "scan":
         return line + (" (the scan path agrees with the loop to floating-point tolerance, "
                        "not bit for bit; --path loop reproduces the hash)")
-    return line + " (the loop path is bit-identical on the machine that recorded the run)"
+    return line + (" (the loop path is bit-identical only on the machine and package versions "
+                   "that recorded the run: see its provenance.json)")
 
 
 def cmd_stability(args) -> int:
