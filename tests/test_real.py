@@ -22,6 +22,7 @@ from asyncsim.real import (  # noqa: E402
     RealRunError,
     calibrate,
     compare,
+    ensure_ray,
     ray_executor,
     real_run,
 )
@@ -58,7 +59,7 @@ def cluster(tmp_path_factory):
     try:
         started = not ray.is_initialized()
         if started:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ensure_ray(num_cpus=2)  # the library's own start (local Ray, no dashboard)
         c = RealCluster(3)
     finally:
         for k, v in saved.items():
