@@ -777,6 +777,8 @@ def real_command(args) -> int:
     if args.resume:
         from asyncsim.scenario import load_scenario
 
+        if not Path(args.resume).is_dir():
+            raise runs.RunFolderError(f"{args.resume}: no such run folder to resume")
         scn = load_scenario(Path(args.resume) / "scenario.toml")
         out = Path(args.resume)
     else:

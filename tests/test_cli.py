@@ -152,6 +152,9 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", "--resume", str(src)]) == 2
     assert "the run is complete; nothing to resume" in capsys.readouterr().err
+    for cmd in ("run", "real"):
+        assert main([cmd, "--resume", str(tmp_path / "nowhere")]) == 2
+        assert "nowhere: no such run folder to resume" in capsys.readouterr().err
 
     def replay(*extra):
         out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
