@@ -142,10 +142,8 @@ def cmd_run(args) -> int:
     if args.resume:
         from asyncsim.scenario import load_scenario
 
-        if not Path(args.resume).is_dir():
-            raise runs.RunFolderError(f"{args.resume}: no such run folder to resume")
-        scn = load_scenario(Path(args.resume) / "scenario.toml")
-        out = Path(args.resume)
+        out = runs.resume_folder(args.resume)
+        scn = load_scenario(out / "scenario.toml")
     else:
         scn = _load(args)
         if scn.sweep:

@@ -28,11 +28,19 @@ def available_figures() -> list[str]:
     return sorted(p.stem for p in ANALYSIS.glob("p[0-9]_f*.py"))
 
 
+def drawable_figures() -> list[str]:
+    """Every figure name ``asyncsim figures NAME`` and ``[figure] name`` accept: the
+    modules of analysis/ (those starting with ``_`` are shared helpers)."""
+    if not ANALYSIS.is_dir():
+        return []
+    return sorted(p.stem for p in ANALYSIS.glob("[!_]*.py"))
+
+
 def load_analysis(name: str) -> ModuleType:
     path = ANALYSIS / f"{name}.py"
     if not path.exists():
         raise ScenarioError("figure.name", f"no analysis/{name}.py; figures: "
-                            f"{', '.join(available_figures()) or '(none)'}")
+                            f"{', '.join(drawable_figures()) or '(none)'}")
     spec = importlib.util.spec_from_file_location(f"asyncsim_analysis_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
@@ -55,7 +63,7 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
                  out: str | Path = "figures", profile: str | None = None) -> list[Path]:
     """Draw each named figure (default: every one whose runs exist) from its run folders."""
     written: list[Path] = []
-    drawable = sorted(p.stem for p in ANALYSIS.glob("[!_]*.py")) if ANALYSIS.is_dir() else []
+    drawable = drawable_figures()
     for name in names or []:
         if name not in drawable:
             raise ScenarioError("", f"unknown figure {name!r}; figures: "

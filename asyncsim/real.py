@@ -777,10 +777,8 @@ def real_command(args) -> int:
     if args.resume:
         from asyncsim.scenario import load_scenario
 
-        if not Path(args.resume).is_dir():
-            raise runs.RunFolderError(f"{args.resume}: no such run folder to resume")
-        scn = load_scenario(Path(args.resume) / "scenario.toml")
-        out = Path(args.resume)
+        out = runs.resume_folder(args.resume)
+        scn = load_scenario(out / "scenario.toml")
     else:
         if not args.scenario:
             raise ScenarioError("", "give a scenario file, or --resume RUN_DIR",

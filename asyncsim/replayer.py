@@ -208,8 +208,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     ``run.eval_every``...); the timing is the recorded trace. Without ``out`` the result is
     written to ``RUN_DIR/replay``.
     """
-    run_dir = Path(run_dir)
-    runs.require_run_folder(run_dir)
+    run_dir = runs.require_run_folder(run_dir)
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
     trace = Trace.load(run_dir)
     trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
@@ -240,10 +239,7 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
     from asyncsim.online import load_params
 
     run_dir = Path(run_dir)
-    if not runs.is_complete(run_dir):
-        return {"source_param_hash": None, "matches_source": None,
-                "max_abs_diff_to_source": None}
-    src_hash = runs.read_summary(run_dir).get("param_hash")
+    src_hash = runs.read_summary(run_dir).get("param_hash") if runs.is_complete(run_dir) else None
     if src_hash is None:
         return {"source_param_hash": None, "matches_source": None,
                 "max_abs_diff_to_source": None}

@@ -92,6 +92,16 @@ def require_run_folder(folder: str | os.PathLike, *, scenario: bool = True) -> P
     return folder
 
 
+def resume_folder(folder: str | os.PathLike) -> Path:
+    """The folder ``--resume`` names, as a Path; a one-line :class:`RunFolderError` when
+    there is no such folder (an unfinished run may not have its trace files yet, so this
+    checks less than :func:`require_run_folder`)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RunFolderError(f"{folder}: no such run folder to resume")
+    return folder
+
+
 def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(folder) / SUMMARY).read_text())
 
