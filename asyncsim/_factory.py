@@ -8,6 +8,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from asyncsim.errors import did_you_mean
+
 
 def keyword_options(factory: Callable[..., Any], *, exclude: tuple[str, ...] = ()
                     ) -> tuple[list[str], bool]:
@@ -31,7 +33,8 @@ def build(kind: str, name: str, factory: Callable[..., Any], options: Mapping[st
     unknown = sorted(set(options) - set(names))
     if unknown and not accepts_any:
         raise ValueError(f"{kind} {name!r}: unknown option(s) {', '.join(unknown)}; "
-                         f"allowed: {', '.join(names) or '(none)'}")
+                         f"allowed: {', '.join(names) or '(none)'}"
+                         f"{did_you_mean(unknown[0], names)}")
     try:
         return factory(**fixed, **options)
     except reraise:

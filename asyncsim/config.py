@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from asyncsim.errors import ScenarioError
+from asyncsim.errors import ScenarioError, did_you_mean
 
 Dist = Mapping[str, Any]
 """A delay-model spec: ``{"dist": "lognormal", "mean": 1.0, "cv": 0.1}``."""
@@ -243,7 +243,8 @@ def from_dict(cls: type, data: Mapping[str, Any], *, prefix: str = "") -> Any:
                 extra[k] = v
                 continue
             allowed = ", ".join(n for n in names)
-            raise ScenarioError(key, f"unknown key; allowed here: {allowed}")
+            raise ScenarioError(key, f"unknown key; allowed here: {allowed}"
+                                     f"{did_you_mean(k, names)}")
         kwargs[k] = _convert(hints[k], v, key)
     if open_field is not None:
         kwargs[open_field] = extra

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim.config import OptimizerConfig
-from asyncsim.errors import ScenarioError
+from asyncsim.errors import ScenarioError, did_you_mean
 
 PyTree = Any
 LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
@@ -153,7 +153,8 @@ def get_lr_rule(name: str) -> LrRule:
         return _LR_RULES[name]
     except KeyError:
         known = ", ".join(available_lr_rules())
-        raise ScenarioError("optimizer.lr_rule", f"unknown rule {name!r}; known: {known}") from None
+        raise ScenarioError("optimizer.lr_rule", f"unknown rule {name!r}; known: {known}"
+                            f"{did_you_mean(name, available_lr_rules())}") from None
 
 
 @register_lr_rule("constant")
@@ -334,7 +335,8 @@ def make_core(
     if kind not in MOMENTUM_KINDS:
         raise ScenarioError(
             "optimizer.momentum.kind",
-            f"unknown kind {kind!r}; allowed: {', '.join(MOMENTUM_KINDS)}",
+            f"unknown kind {kind!r}; allowed: {', '.join(MOMENTUM_KINDS)}"
+            f"{did_you_mean(kind, MOMENTUM_KINDS)}",
         )
     if num_learners < 1:
         raise ValueError(f"num_learners must be >= 1, got {num_learners!r}")

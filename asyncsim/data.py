@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._factory import build
+from asyncsim.errors import did_you_mean
 
 __all__ = [
     "CIFAR10_SHA256",
@@ -109,7 +110,9 @@ def available_datasets() -> list[str]:
 def get_dataset(name: str, *, seed: int, **options: Any) -> Dataset:
     """Build data set ``name``; ValueError for an unknown name or option (listing the allowed)."""
     if name not in _DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(available_datasets())}")
+        raise ValueError(f"unknown dataset {name!r}; allowed: "
+                         f"{', '.join(available_datasets())}"
+                         f"{did_you_mean(name, available_datasets())}")
     return build("dataset", name, _DATASETS[name], options, fixed={"seed": seed},
                  reraise=(DataError,))
 

@@ -44,7 +44,6 @@ always override an installed plug-in in their own code. See ``docs/plugins.md``.
 from __future__ import annotations
 
 import csv
-import difflib
 import functools
 import importlib.metadata
 import inspect
@@ -58,7 +57,7 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
-from asyncsim.errors import ScenarioError
+from asyncsim.errors import ScenarioError, did_you_mean
 
 __all__ = [
     "DelayModel",
@@ -179,11 +178,8 @@ def _lookup(name: str, key: str) -> type[DelayModel]:
     ep = eps.get(name)
     if ep is None:
         allowed = sorted(set(_REGISTRY) | set(eps))
-        hint = difflib.get_close_matches(name, allowed, n=1)
-        more = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise ScenarioError(
-            key, f"unknown distribution {name!r}; allowed: {', '.join(allowed)}{more}"
-        )
+        raise ScenarioError(key, f"unknown distribution {name!r}; allowed: "
+                            f"{', '.join(allowed)}{did_you_mean(name, allowed)}")
     try:
         obj = ep.load()
         cls = _adapt(obj, name)
@@ -329,7 +325,7 @@ def _check_params(
         if k not in params and not var_kw:
             raise ScenarioError(
                 _join(key, k), f"unknown parameter for {name!r}; allowed: {allowed}"
-            )
+                f"{did_you_mean(k, params)}")
         p = params.get(k)
         hint = hints.get(k, inspect.Parameter.empty)
         if hint is inspect.Parameter.empty and p is not None and p.default is not p.empty:

@@ -6,6 +6,9 @@ print it as one line and exit with status 2 (see ``asyncsim.cli``).
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class ScenarioError(ValueError):
     """An invalid scenario: which file, which key, what is allowed.
@@ -34,3 +37,27 @@ class ScenarioError(ValueError):
         """The same error with its key nested under ``prefix`` (``cluster`` + ``compute``)."""
         key = f"{prefix}.{self.key}" if self.key else prefix
         return ScenarioError(key, self.message, file=self.file)
+
+
+def did_you_mean(name: object, allowed: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the allowed name closest to a misspelt ``name``
+    (``inverse_staleness`` -> ``inverse-staleness``, ``hiden`` -> ``hidden``, ``p1-f3`` ->
+    ``p1_f3_lr_modulation``), else ``""``. Case and ``_`` vs ``-`` are ignored; a unique
+    prefix wins over a close spelling. Appended to every unknown-name message, after the
+    list of what is allowed."""
+    if not isinstance(name, str) or not name:
+        return ""
+
+    def norm(s: str) -> str:
+        return s.lower().replace("_", "-")
+
+    by_norm = {norm(a): a for a in allowed}
+    key = norm(name)
+    prefixed = [a for n, a in by_norm.items() if n.startswith(key)]
+    if key in by_norm:
+        hint = [by_norm[key]]
+    elif len(prefixed) == 1:
+        hint = prefixed
+    else:
+        hint = [by_norm[n] for n in difflib.get_close_matches(key, list(by_norm), n=1)]
+    return f" (did you mean {hint[0]!r}?)" if hint and hint[0] != name else ""

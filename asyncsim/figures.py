@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from asyncsim.errors import ScenarioError
+from asyncsim.errors import ScenarioError, did_you_mean
 
 REPO = Path(__file__).resolve().parent.parent
 ANALYSIS = REPO / "analysis"
@@ -67,7 +67,8 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
     for name in names or []:
         if name not in drawable:
             raise ScenarioError("", f"unknown figure {name!r}; figures: "
-                                f"{', '.join(drawable) or '(none)'}", file=name)
+                                f"{', '.join(drawable) or '(none)'}"
+                                f"{did_you_mean(name, drawable)}", file=name)
     for name in names or available_figures():
         d = sweep_dir(name, runs_dir, profile)
         if not d.exists():

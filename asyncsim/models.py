@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._factory import build
+from asyncsim.errors import did_you_mean
 
 PyTree = Any
 
@@ -120,7 +121,8 @@ def get_model(name: str, **options: Any) -> Model:
     factory does not accept or rejects (listing the factory's parameters).
     """
     if name not in _MODELS:
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(available_models())}")
+        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(available_models())}"
+                         f"{did_you_mean(name, available_models())}")
     return build("model", name, _MODELS[name], options)
 
 

@@ -35,7 +35,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, ClassVar
 
 from asyncsim.config import ProtocolConfig
-from asyncsim.errors import ScenarioError
+from asyncsim.errors import ScenarioError, did_you_mean
 
 if TYPE_CHECKING:  # pragma: no cover
     from asyncsim.cluster import Simulation
@@ -77,7 +77,8 @@ def get_protocol_class(kind: str) -> type[Protocol]:
         _load_entry_points()
     if kind not in _PROTOCOLS:
         raise ScenarioError("protocol.kind", f"unknown protocol {kind!r}; allowed: "
-                            f"{', '.join(available_protocols())}")
+                            f"{', '.join(available_protocols())}"
+                            f"{did_you_mean(kind, available_protocols())}")
     return _PROTOCOLS[kind]
 
 
@@ -289,7 +290,8 @@ class FixedDelay(Protocol):
                                 f"workers; leave cluster.learners out or set it to {cfg.tau + 1}")
         if cfg.schedule not in cls.SCHEDULES:
             raise ScenarioError("protocol.schedule", f"unknown schedule {cfg.schedule!r}; "
-                                f"allowed: {', '.join(cls.SCHEDULES)}")
+                                f"allowed: {', '.join(cls.SCHEDULES)}"
+                                f"{did_you_mean(cfg.schedule, cls.SCHEDULES)}")
         if not cfg.cv >= 0:
             raise ScenarioError("protocol.cv", f"must be >= 0, got {cfg.cv}")
 

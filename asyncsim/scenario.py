@@ -31,7 +31,7 @@ from typing import Any
 
 from asyncsim._factory import keyword_options
 from asyncsim.config import Scenario, from_dict, to_dict
-from asyncsim.errors import ScenarioError
+from asyncsim.errors import ScenarioError, did_you_mean
 
 PROFILES = ("smoke", "default", "paper")
 
@@ -116,11 +116,13 @@ def resolve_raw(
     for name in profiles:
         if name not in PROFILES:
             raise ScenarioError(f"profiles.{name}",
-                                f"unknown profile; allowed: {', '.join(PROFILES)}")
+                                f"unknown profile; allowed: {', '.join(PROFILES)}"
+                                f"{did_you_mean(name, PROFILES)}")
     if profile is not None:
         if profile not in PROFILES:
             raise ScenarioError("--profile",
-                                f"unknown profile {profile!r}; allowed: {', '.join(PROFILES)}")
+                                f"unknown profile {profile!r}; allowed: {', '.join(PROFILES)}"
+                                f"{did_you_mean(profile, PROFILES)}")
         if profile != "default":
             raw = _merge(raw, profiles.get(profile, {}))
     for item in overrides:
@@ -232,10 +234,12 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
 
     if o.lr_rule not in core.available_lr_rules():
         raise ScenarioError("optimizer.lr_rule", f"unknown rule {o.lr_rule!r}; allowed: "
-                            f"{', '.join(core.available_lr_rules())}")
+                            f"{', '.join(core.available_lr_rules())}"
+                            f"{did_you_mean(o.lr_rule, core.available_lr_rules())}")
     if o.momentum.kind not in core.MOMENTUM_KINDS:
         raise ScenarioError("optimizer.momentum.kind", f"unknown momentum {o.momentum.kind!r}; "
-                            f"allowed: {', '.join(core.MOMENTUM_KINDS)}")
+                            f"allowed: {', '.join(core.MOMENTUM_KINDS)}"
+                            f"{did_you_mean(o.momentum.kind, core.MOMENTUM_KINDS)}")
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
     _positive("optimizer.weight_decay", o.weight_decay, allow_zero=True)
@@ -285,7 +289,8 @@ def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
     names = available()
     if name not in names:
         raise ScenarioError(f"{section}.name",
-                            f"unknown {section} {name!r}; allowed: {', '.join(names)}")
+                            f"unknown {section} {name!r}; allowed: {', '.join(names)}"
+                            f"{did_you_mean(name, names)}")
     try:
         allowed, accepts_any = keyword_options(registry[name], exclude=("seed", "self"))
     except (TypeError, ValueError):  # no inspectable signature: the factory will say
@@ -296,7 +301,8 @@ def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
         if k not in allowed:
             raise ScenarioError(f"{section}.{k}", f"unknown option for {section} {name!r}; "
                                 f"allowed: name, {', '.join(allowed) or '(no options)'}"
-                                + (", batch_size" if section == "data" else ""))
+                                + (", batch_size" if section == "data" else "")
+                                + did_you_mean(k, allowed))
 
 
 # ----------------------------------------------------------------------------- sweeps

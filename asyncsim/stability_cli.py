@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from asyncsim.errors import ScenarioError
+from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.stability import MOMENTUM_KINDS, asymptote, edge_table
 
 
@@ -26,7 +26,8 @@ def _check(args) -> None:
     for m in args.momentum:
         if m not in MOMENTUM_KINDS:
             raise ScenarioError("--momentum", f"unknown kind {m!r}; allowed: "
-                                f"{', '.join(MOMENTUM_KINDS)}", file="asyncsim stability")
+                                f"{', '.join(MOMENTUM_KINDS)}{did_you_mean(m, MOMENTUM_KINDS)}",
+                                file="asyncsim stability")
     for b in args.beta:
         if not abs(b) < 1:
             raise ScenarioError("--beta", f"must satisfy |beta| < 1, got {b}",

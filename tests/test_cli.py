@@ -62,6 +62,34 @@ def test_invalid_scenarios_exit_2_with_one_line(tmp_path, capsys, text, key, all
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text,key,hint", [
+    (GOOD.replace("[run]", "[run]\nupdate = 5\n#"), "run.update", "'updates'"),
+    (GOOD.replace('"softsync"', '"soft_sync"'), "protocol.kind", "'softsync'"),
+    (GOOD.replace('"exponential"', '"Exponential"'), "cluster.compute.dist", "'exponential'"),
+    (GOOD + '\n[optimizer]\nlr_rule = "inverse_staleness"\n', "optimizer.lr_rule",
+     "'inverse-staleness'"),
+    (GOOD + '\n[optimizer]\nmomentum = { kind = "heavyball" }\n',
+     "optimizer.momentum.kind", "'heavy-ball'"),
+    (GOOD + '\n[model]\nname = "mlp"\nhiden = [8]\n', "model.hiden", "'hidden'"),
+    (GOOD + '\n[model]\nname = "cifar10_full"\n', "model.name", "'cifar10-full'"),
+])
+def test_misspelt_names_get_a_suggestion(tmp_path, capsys, text, key, hint):
+    path = write(tmp_path, text)
+    assert main(["trace", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert key in err and f"(did you mean {hint}?)" in err, err
+
+
+def test_did_you_mean_prefers_a_unique_prefix_and_stays_quiet_when_nothing_is_close():
+    from asyncsim.errors import did_you_mean
+
+    figures = ["p1_beyond", "p1_f3_lr_modulation", "p2_f3", "quickstart"]
+    assert did_you_mean("p1-f3", figures) == " (did you mean 'p1_f3_lr_modulation'?)"
+    assert did_you_mean("zzz", figures) == ""
+    assert did_you_mean("p2_f3", figures) == ""  # an allowed name needs no hint
+    assert did_you_mean(3, figures) == ""
+
+
 def test_unreadable_files(tmp_path, capsys):
     assert main(["trace", str(tmp_path / "missing.toml")]) == 2
     assert "missing.toml: no such file" in capsys.readouterr().err

@@ -75,7 +75,8 @@ def test_registered_factory_options_checked_like_models(monkeypatch):
         return get_dataset("gaussian", seed=seed, n_train=4, n_test=4)
 
     assert get_dataset("plug-fixed", seed=1, size=6).x_train.shape[0] == 6
-    with pytest.raises(ValueError, match=r"'plug-fixed': unknown option\(s\) sise; allowed: size$"):
+    with pytest.raises(ValueError, match=r"'plug-fixed': unknown option\(s\) sise; "
+                                         r"allowed: size \(did you mean 'size'\?\)$"):
         get_dataset("plug-fixed", seed=1, sise=6)
     with pytest.raises(DataError, match="no file"):
         get_dataset("plug-fixed", seed=1, size=9)
