@@ -1,18 +1,23 @@
-"""Small helpers shared by the P1 figure scripts: read a sweep's run folders, label points,
-write a figure and its data. They read run folders only; nothing here runs a simulation."""
+"""Small helpers shared by the figure scripts: read a sweep's run folders, label points,
+caption a figure with what it was made from, write it and its data. They read run folders
+only; nothing here runs a simulation."""
 
 from __future__ import annotations
 
 import json
 import math
+import textwrap
+import tomllib
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # figures are files; never open a window (CI, headless servers)
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+REPO = Path(__file__).resolve().parent.parent
 RULE_LABEL = {"constant": "α = α0", "inverse-staleness": "α = α0/τ",
               "inverse-mean-staleness": "α = α0/⟨τ⟩", "stability-edge": "stability edge"}
 
@@ -52,8 +57,6 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
 
 
 def _read_toml(path: Path) -> dict:
-    import tomllib
-
     return tomllib.loads(path.read_text())
 
 
@@ -72,10 +75,149 @@ def read_eval(folder: Path) -> pd.DataFrame:
     return pd.read_csv(Path(folder) / "eval.csv")
 
 
-def save(fig, data: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
-    """Write ``NAME.png`` (small: 100 dpi) and ``NAME.csv`` (every plotted series)."""
+def run_folders(source: Path) -> list[Path]:
+    """``source`` itself if it is one run folder, else the sweep's complete points."""
+    source = Path(source)
+    return [source] if (source / "summary.json").exists() else finished_points(source)
+
+
+def _num(x) -> str:
+    """4000 -> "4,000"; 10838.4 -> "10,838"; 2.02 -> "2.02"; 0.1 -> "0.1"."""
+    return f"{x:,.0f}" if abs(x) >= 100 or float(x).is_integer() else f"{x:.3g}"
+
+
+def _span(values) -> str:
+    """``"4,000"`` or ``"2,000–4,000"`` for the distinct values (ignoring missing ones)."""
+    vals = sorted({v for v in values if v is not None and not _isnan(v)})
+    if not vals:
+        return "?"
+    lo, hi = _num(vals[0]), _num(vals[-1])
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _model_label(model: dict) -> str:
+    opts = " ".join(f"{k}={v}".replace(" ", "") for k, v in model.items() if k != "name")
+    return f"{model.get('name', '?')}{' ' + opts if opts else ''}"
+
+
+def _num_params(folder: Path) -> int | None:
+    f = folder / "params.npz"
+    if not f.exists():
+        return None
+    with np.load(f) as z:
+        return int(sum(z[k].size for k in z.files))
+
+
+def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str:
+    """``"regenerate: asyncsim run FILE [--profile P]"`` when that command resolves to
+    exactly the scenarios the runs recorded (every point of the sweep, compared key by key
+    with each folder's ``scenario.toml``); otherwise ``"scenario: FILE (modified: ...)"``,
+    e.g. when the runs used ``--set`` or the file was edited after them. So a caption never
+    claims that a committed scenario regenerates a figure unless it does."""
+    from asyncsim.config import to_dict
+    from asyncsim.runs import dump_toml
+    from asyncsim.scenario import load_scenario
+    from asyncsim.sweep import plan
+
+    path = Path(scenario_file)
+    if not path.exists() and not path.is_absolute():
+        path = REPO / scenario_file
+    if not path.exists():
+        return f"scenario: {scenario_file} (not found here)"
+    recorded = {f.name: sc for f, sc in zip(folders, scns, strict=True)}
+    for profile in ("default", "smoke", "paper"):
+        try:
+            planned = plan(load_scenario(path, profile=profile))
+        except Exception:  # an edited file that no longer loads: say so below
+            continue
+        resolved = {}
+        for item in planned:
+            d = to_dict(item["scenario"])
+            d.pop("source", None)
+            resolved[item["point"]] = tomllib.loads(dump_toml(d))
+        if len(recorded) == 1 and len(resolved) == 1:  # a single run: any folder name
+            resolved = dict(zip(recorded, resolved.values(), strict=True))
+        if all(resolved.get(k) == v for k, v in recorded.items()):
+            flag = "" if profile == "default" else f" --profile {profile}"
+            return f"regenerate: asyncsim run {scenario_file}{flag}"
+    return (f"scenario: {scenario_file} (modified: --set, --seed or an edit since; each run "
+            "folder's scenario.toml reruns it)")
+
+
+def describe_runs(*sources: Path) -> str:
+    """What a figure was made from, read from its run folders (``scenario.toml``,
+    ``summary.json``, ``params.npz``, ``provenance.json``): the data set and its size, the
+    model and its parameter count, the scale of each run (epochs, updates), the number of
+    runs and their seeds, and the scenario file and profile that regenerate them. Nothing is
+    typed in by hand, so the caption cannot drift from the runs it describes."""
+    parts = []
+    for source in sources:
+        folders = run_folders(source)
+        if not folders:
+            continue
+        scns = [_read_toml(f / "scenario.toml") for f in folders]
+        sums = [json.loads((f / "summary.json").read_text()) for f in folders]
+        prov = [json.loads((f / "provenance.json").read_text())
+                if (f / "provenance.json").exists() else {} for f in folders]
+        numeric = [i for i, sc in enumerate(scns) if not sc.get("run", {}).get("trace_only")]
+        if numeric:
+            data = sorted({(sc["data"]["name"], sc["data"].get("n_train"),
+                            sc["data"].get("n_test")) for sc in (scns[i] for i in numeric)},
+                          key=str)
+            data_txt = "; ".join(
+                f"{name}" + (f" ({n:,} train / {t:,} test)" if n and t else "")
+                for name, n, t in data)
+            mus = _span([scns[i]["data"].get("batch_size") for i in numeric])
+            models = sorted({_model_label(scns[i].get("model", {})) for i in numeric})
+            n_params = _span([_num_params(folders[i]) for i in numeric])
+            what = (f"data {data_txt}, μ = {mus}; model {', '.join(models)}"
+                    + (f" ({n_params} parameters)" if n_params != "?" else ""))
+            scale = (f"{_span([sums[i].get('epochs') for i in numeric])} epochs "
+                     f"({_span([sums[i].get('updates') for i in numeric])} updates) per run")
+        else:
+            what = "timing only (the runs record traces, no gradients)"
+            scale = f"{_span([s.get('gradients') for s in sums])} gradients per run"
+        files = sorted({p.get("scenario_file") for p in prov if p.get("scenario_file")})
+        seeds = sorted({int(sc.get("seed", 0)) for sc in scns})
+        backends = sorted({s.get("backend") for s in sums if s.get("backend")})
+        parts.append(f"{what}; {scale}; {len(folders)} run{'s' * (len(folders) != 1)}, "
+                     f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
+                     + (f", {'/'.join(backends)}" if backends else "")
+                     + (f"; {regenerate(files[0], folders, scns)}" if len(files) == 1 else ""))
+    return " | ".join(parts)
+
+
+def model_label(source: Path) -> str:
+    """The model of a sweep's runs as a caption names it (``quadratic eigenvalues=[1.0]``)."""
+    folders = run_folders(source)
+    return ", ".join(sorted({_model_label(_read_toml(f / "scenario.toml").get("model", {}))
+                             for f in folders})) or "?"
+
+
+def add_caption(fig, *sources: Path, note: str = "") -> None:
+    """A small footer under the figure saying what it was made from
+    (:func:`describe_runs`), so that a PNG copied out of ``figures/`` still says which data,
+    model and scale it shows; ``note`` adds figure-specific context."""
+    text = describe_runs(*sources)
+    if note:
+        text = f"{note} Runs: {text}" if text else note
+    elif text:
+        text = f"Runs: {text}"
+    if not text:
+        return
+    width = max(60, int(fig.get_figwidth() * 17))  # characters per line at fontsize 7
+    fig.text(0.01, 0.0, textwrap.fill(text, width), fontsize=7, ha="left", va="top",
+             color="0.3")
+
+
+def save(fig, data: pd.DataFrame, out_dir: Path, name: str, *,
+         sources: tuple[Path, ...] = (), note: str = "") -> list[Path]:
+    """Write ``NAME.png`` (small: 100 dpi; with :func:`add_caption`'s footer for
+    ``sources``) and ``NAME.csv`` (every plotted series)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if sources or note:
+        add_caption(fig, *sources, note=note)
     png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"
     fig.savefig(png, dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -119,4 +119,4 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     a2.legend(fontsize=8)
     a2.set_title("start-up: first λ gradients all read version 0", fontsize=10)
     fig.tight_layout()
-    return save(fig, df, out_dir, NAME)
+    return save(fig, df, out_dir, NAME, sources=(sweep_dir,))

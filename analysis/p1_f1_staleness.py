@@ -16,7 +16,7 @@ import pandas as pd  # noqa: E402
 from asyncsim.trace import Trace  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import finished_points  # noqa: E402
+from _common import add_caption, finished_points  # noqa: E402
 
 NAME = "p1_f1_staleness"
 
@@ -68,9 +68,10 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     fig.suptitle(f"P1-F1 n-softsync staleness, λ = 30, timing only, {total:,} gradients per "
                  "curve after warm-up, seed 0", fontsize=9)
     fig.tight_layout()
+    add_caption(fig, sweep_dir)
     png = out_dir / f"{NAME}.png"
     csv = out_dir / f"{NAME}.csv"
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, bbox_inches="tight")
     plt.close(fig)
     df.to_csv(csv, index=False)
     return [png, csv]

@@ -109,4 +109,4 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return save(fig, df, out_dir, NAME)
+    return save(fig, df, out_dir, NAME, sources=(sweep_dir,))

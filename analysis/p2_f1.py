@@ -64,4 +64,4 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     ax.legend(fontsize=8)
     ax.set_title("P2-F1 test error vs delay (MLP, synthetic CIFAR)", fontsize=9)
     fig.tight_layout()
-    return save(fig, df, out_dir, NAME)
+    return save(fig, df, out_dir, NAME, sources=(sweep_dir,))

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import finished_points  # noqa: E402
+from _common import add_caption, finished_points, model_label  # noqa: E402
 
 NAME = "p2_f2"
 
@@ -249,7 +249,13 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
         ax2.legend(fontsize=7, title="dashed: 2 sin(π/(4τ+2))/η", title_fontsize=7)
         ax2.set_title("MLP sharpness during training (P2-F4 runs, replayed)", fontsize=9)
     fig.tight_layout()
+    net_dir = network_dir(sweep_dir) if not net.empty else None
+    add_caption(fig, sweep_dir, *([net_dir] if net_dir is not None else []),
+                note=f"Quadratic points: each run's trace executed by asyncsim.edges (delayed GD "
+                     f"on the {model_label(sweep_dir)} model, edge bisected)."
+                     + (" MLP points: the P2-F4 runs (after |)." if net_dir
+                        else ""))
     png = out_dir / f"{NAME}.png"
-    fig.savefig(png)
+    fig.savefig(png, bbox_inches="tight")
     plt.close(fig)
     return [png, csv]

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import finished_points, save  # noqa: E402  (matplotlib set to Agg there)
+from _common import finished_points, model_label, save  # noqa: E402  (matplotlib set to Agg there)
 
 NAME = "p2_f3"
 
@@ -76,4 +76,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     axes[0].legend(fontsize=7, title="lines: closed form; o: measured", title_fontsize=7)
     fig.suptitle("P2-F3 momentum under delay (quadratic, round robin)", fontsize=9)
     fig.tight_layout()
-    return save(fig, df, out_dir, NAME)
+    return save(fig, df, out_dir, NAME, sources=(sweep_dir,),
+                note=f"Measured: each run's trace executed by asyncsim.edges (delayed GD, "
+                     f"momentum β = {df['beta'].max():g}) on the {model_label(sweep_dir)} "
+                     "model, edge bisected.")

@@ -133,4 +133,5 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     ax.set_title(f"P2-F4 minima selection (tanh MLP, MSE, full batch, η0 = {eta0:g})",
                  fontsize=9)
     fig.tight_layout()
-    return save(fig, df.drop(columns=["folder"]) if "folder" in df else df, out_dir, NAME)
+    return save(fig, df.drop(columns=["folder"]) if "folder" in df else df, out_dir, NAME,
+                sources=(sweep_dir,))

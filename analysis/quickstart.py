@@ -6,6 +6,7 @@ Reads one run folder (``eval.csv``, the trace, ``summary.json``); never reruns a
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 
@@ -16,6 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from asyncsim.trace import Trace  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import add_caption  # noqa: E402
 
 NAME = "quickstart"
 
@@ -44,8 +48,9 @@ def draw(run_dir: Path, out_dir: Path) -> list[Path]:
         f"{scn['optimizer']['lr_rule']}, {scn['model']['name']} on {scn['data']['name']} "
         f"({summary['epochs']:.1f} epochs, seed {scn['seed']})", fontsize=8)
     fig.tight_layout()
+    add_caption(fig, run_dir)
     png, csv = out_dir / f"{NAME}.png", out_dir / f"{NAME}.csv"
-    fig.savefig(png, dpi=100)
+    fig.savefig(png, dpi=100, bbox_inches="tight")
     plt.close(fig)
     evals.to_csv(csv, index=False)
     return [png, csv]

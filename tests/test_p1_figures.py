@@ -54,6 +54,39 @@ def test_smoke_profile_runs_and_draws(smoke_sweep, tmp_path):
         assert (data["sharpness0"] > 0).all()
 
 
+def test_caption_says_what_the_figure_was_made_from(smoke_sweep):
+    import sys
+
+    sys.path.insert(0, str(REPO / "analysis"))
+    from _common import describe_runs
+
+    from asyncsim.scenario import load_scenario
+
+    name, out = smoke_sweep
+    scn = load_scenario(REPO / "scenarios" / f"{name}.toml", profile="smoke")
+    text = describe_runs(out)
+    assert f"data {scn.data.name} ({scn.data.options['n_train']:,} train" in text, text
+    assert f"model {scn.model.name}" in text and "parameters)" in text, text
+    assert text.endswith(f"regenerate: asyncsim run {REPO / 'scenarios' / name}.toml "
+                         "--profile smoke"), text
+
+
+def test_caption_does_not_claim_a_scenario_regenerates_modified_runs(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "analysis"))
+    from _common import describe_runs
+
+    src = REPO / "scenarios" / "quickstart.toml"
+    out = tmp_path / "qs"
+    assert main(["trace", str(src), "--profile", "smoke", "--out", str(out), "--quiet"]) == 0
+    assert describe_runs(out).endswith(f"regenerate: asyncsim run {src} --profile smoke")
+    again = tmp_path / "qs2"
+    assert main(["trace", str(src), "--profile", "smoke", "--set", "optimizer.lr=0.5",
+                 "--out", str(again), "--quiet"]) == 0
+    assert "(modified: --set" in describe_runs(again)
+
+
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_profile_resolves(name):
     from asyncsim.scenario import load_scenario
