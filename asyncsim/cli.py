@@ -181,7 +181,7 @@ def cmd_replay(args) -> int:
 
 def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     """One line on how a replay compares with the run it replayed."""
-    from asyncsim.runs import is_complete
+    from asyncsim.runs import is_complete, read_summary
 
     if summary.get("source_param_hash") is None:
         if not is_complete(run_dir):
@@ -192,6 +192,10 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     diff = summary.get("max_abs_diff_to_source")
     line = "param_hash differs from the source run's" + (
         f": max |difference| over the parameters {diff:.3g}" if diff is not None else "")
+    diverged = [who for who, s in (("source run", read_summary(run_dir)), ("replay", summary))
+                if s.get("diverged")]
+    if diverged:
+        line += f" (the {' and the '.join(diverged)} diverged: non-finite parameters)"
     if set_by_user:
         return line + " (--set changed the numerics)"
     if summary.get("replay_path") == "scan":

@@ -26,9 +26,10 @@ import numpy as np
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.engine import Numerics
+from asyncsim.errors import ScenarioError
 from asyncsim.models import num_params
 from asyncsim.online import Driver, RunResult
-from asyncsim.scenario import load_scenario
+from asyncsim.scenario import load_scenario, parse_override
 from asyncsim.trace import Trace
 
 DEFAULT_MAX_MEMORY = 8 << 30  # bytes of parameter versions replay may hold at once
@@ -199,16 +200,34 @@ def truncate(trace: Trace, updates: int) -> Trace:
                  {**trace.meta, "stop_reason": "diverged"})
 
 
+# ``--set`` keys a replay refuses: the recorded trace fixes the cluster, the protocol and the
+# run's length.
+TIMING_PREFIXES = ("cluster.", "protocol.", "sweep.")
+TIMING_KEYS = ("cluster", "protocol", "sweep", "run.updates", "run.gradients", "run.epochs",
+               "run.sim_time", "run.trace_only")
+
+
 def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
                   overrides: Sequence[str] = (), force: bool = False,
                   progress: bool = False, path: str = "loop") -> RunResult:
     """``asyncsim replay RUN_DIR``: replay a run folder's trace with its resolved scenario.
 
     ``overrides`` may change numerics only (``optimizer.*``, ``model.*``, ``data.*``,
-    ``run.eval_every``...); the timing is the recorded trace. Without ``out`` the result is
-    written to ``RUN_DIR/replay``.
+    ``seed``, ``run.eval_every``...); the timing is the recorded trace, so a timing key
+    (``cluster.*``, ``protocol.*``, the run's length) raises :class:`ScenarioError` before
+    anything is written. Without ``out`` the result is written to ``RUN_DIR/replay``.
     """
     run_dir = runs.require_run_folder(run_dir)
+    for item in overrides:
+        key = parse_override(item)[0] if isinstance(item, str) else item[0]
+        if key.startswith(TIMING_PREFIXES) or key in TIMING_KEYS:
+            # The trace already fixes these: accepting them would write a replay folder whose
+            # scenario.toml disagrees with the trace it actually executed.
+            raise ScenarioError(key, "is timing, which the recorded trace fixes; a replay "
+                                "changes numerics only (optimizer.*, model.*, data.*, seed, "
+                                "run.eval_every, run.eval_samples); to change timing, rerun: "
+                                f"asyncsim run {run_dir / 'scenario.toml'} --set {item}",
+                                file="asyncsim replay")
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
     trace = Trace.load(run_dir)
     trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
@@ -234,7 +253,8 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
     ``asyncsim trace``, which has no parameters), ``matches_source`` (the two
     ``param_hash`` values are equal: bit-identical parameters) and ``max_abs_diff_to_source``
     (the largest absolute difference over all parameters; None when the source has no
-    ``params.npz`` of the same structure, e.g. after ``--set model.*``).
+    ``params.npz`` of the same structure, e.g. after ``--set model.*``, or when either
+    side's parameters are not finite, i.e. a diverged run).
     """
     from asyncsim.online import load_params
 
@@ -250,6 +270,8 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
                                              - np.asarray(b, np.float64)), initial=0.0)),
             result.params, src)
         diff = max(jax.tree_util.tree_leaves(diffs), default=0.0)
+        if not np.isfinite(diff):  # a diverged source (or replay): no meaningful distance
+            diff = None
     except (OSError, KeyError, ValueError, TypeError):
         diff = None
     return {"source_param_hash": src_hash,

@@ -205,6 +205,19 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     assert not s["matches_source"] and s["max_abs_diff_to_source"] > 1e-4
     assert line.endswith("(--set changed the numerics)")
 
+    line, s = replay("--set", "optimizer.lr=1e4")  # diverges: no finite distance to report
+    assert s["diverged"] and s["max_abs_diff_to_source"] is None
+    assert "(the replay diverged: non-finite parameters)" in line
+
+    # The trace fixes the timing: a replay refuses to change it, and writes nothing.
+    for item in ("protocol.n=1", "cluster.learners=2", "run.updates=5"):
+        out = tmp_path / "refused"
+        assert main(["replay", str(src), "--out", str(out), "--set", item]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"{item.split('=')[0]}: is timing, which the recorded trace fixes" in err, err
+        assert f"asyncsim run {src / 'scenario.toml'} --set {item}" in err
+        assert not out.exists()
+
     (src / "summary.json").unlink()  # as a killed run leaves it
     line, s = replay()
     assert "did not finish" in line and s["source_param_hash"] is None
