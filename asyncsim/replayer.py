@@ -118,6 +118,18 @@ def replay_memory(trace: Trace, n_params: int, *, bytes_per_param: int = 4) -> d
             "bound_bytes": (trace.max_staleness + 1) * n_params * bytes_per_param}
 
 
+def _check_learners(scn: Scenario, trace: Trace) -> None:
+    """Refuse a trace with more learners than ``scn`` has: per-learner state (P2's shifted
+    momentum keeps one buffer per learner) is indexed by learner id inside jit, where an
+    out-of-range index is clamped, not an error, and would silently share a buffer."""
+    ids = trace.grads["learner"]
+    if ids.size and int(ids.max()) >= scn.cluster.learners:
+        raise ScenarioError("cluster.learners", f"the trace has gradients of learner "
+                            f"{int(ids.max())}, the scenario only {scn.cluster.learners} "
+                            "learners: replay a trace with the scenario that recorded it",
+                            file=scn.source)
+
+
 def _check_memory(versions: int, trace: Trace, need: int, max_memory: int, *,
                   points: int = 1) -> None:
     """Refuse, before anything is allocated, a replay whose versions exceed ``max_memory``
@@ -147,6 +159,7 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
     num = numerics or Numerics(scn)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     need = replay_memory(trace, num_params(shapes))
+    _check_learners(scn, trace)
     _check_memory(need["versions"], trace, need["bytes"], max_memory)
     folder = runs.prepare(out, force=force) if out is not None else None
     if folder is not None:
@@ -388,6 +401,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     n_params = num_params(shapes)
     # Both paths hold the same versions: slot_plan's K is the most alive at once.
     need = replay_memory(trace, n_params * P)
+    _check_learners(scn, trace)
     _check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
     t0 = time.perf_counter()
     tm = jax.tree_util.tree_map
@@ -604,6 +618,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     slot, K = slot_plan(trace)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     need = K * num_params(shapes) * 4
+    _check_learners(scn, trace)
     _check_memory(K, trace, need, max_memory)
     folder = runs.prepare(out, force=force) if out is not None else None
     if folder is not None:

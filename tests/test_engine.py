@@ -250,6 +250,24 @@ def test_replay_memory_bound_is_checked_before_allocating(num_cache):
                            numerics=num_cache(scn), max_memory=1000, path=path)
 
 
+def test_replay_refuses_a_trace_with_more_learners_than_the_scenario(num_cache):
+    """Shifted momentum indexes its per-learner buffers inside jit, where an out-of-range
+    learner id would be clamped onto another learner's buffer rather than raise."""
+    from asyncsim.errors import ScenarioError
+
+    scn = tiny(cluster={"learners": 3}, run={"updates": 10})
+    trace = simulate(scn)
+    assert int(trace.grads["learner"].max()) == 2
+    fewer = tiny(cluster={"learners": 2}, run={"updates": 10},
+                 optimizer={"lr": 0.05, "momentum": {"kind": "shifted", "beta": 0.5}})
+    for fn in (replay, replay_scan):
+        with pytest.raises(ScenarioError, match="cluster.learners: the trace has gradients of "
+                                                "learner 2, the scenario only 2 learners"):
+            fn(fewer, trace)
+    with pytest.raises(ScenarioError, match="learner 2"):
+        replay_vmapped(fewer, trace, [{"lr": 0.01}, {"lr": 0.02}])
+
+
 def test_run_folder_and_replay_folder(tmp_path):
     scn = tiny(run={"updates": 10, "eval_every": 5})
     out = tmp_path / "run"
