@@ -128,7 +128,7 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
     for profile in ("default", "smoke", "paper"):
         try:
             planned = plan(load_scenario(path, profile=profile))
-        except Exception:  # an edited file that no longer loads: say so below
+        except (ValueError, OSError):  # ScenarioError: an edited file no longer loads
             continue
         resolved = {}
         for item in planned:
