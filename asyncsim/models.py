@@ -587,3 +587,8 @@ def quadratic(
         return value
 
     return Model("quadratic", init_fn, apply, loss, (d,), None, hessian_eigenvalues=lam)
+
+
+# The P1-F4 AlexNet-style model lives in its own module; importing it here registers
+# "alexnet" whenever the registry is, however asyncsim was imported.
+from asyncsim import models_imagenet as _models_imagenet  # noqa: E402,F401

@@ -31,3 +31,17 @@ def test_replay_function_and_module():
     assert sys.modules["asyncsim.replayer"] is replayer
     assert asyncsim.replay is replayer.replay and callable(asyncsim.replay)
     assert callable(asyncsim.replayer.slot_plan)
+
+
+def test_import_is_lazy_and_submodules_are_reachable_as_attributes():
+    """`import asyncsim` (and so `asyncsim --help`) does not import JAX or pandas; the public
+    names and the submodules load on first use."""
+    import subprocess
+
+    code = ("import sys, asyncsim, asyncsim.cli; "
+            "assert 'jax' not in sys.modules and 'pandas' not in sys.modules, 'eager'; "
+            "assert callable(asyncsim.delays.register_delay); "
+            "assert 'alexnet' in asyncsim.models.available_models(); "
+            "assert asyncsim.Trace.__module__ == 'asyncsim.trace'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert set(asyncsim.__all__) <= set(dir(asyncsim))
