@@ -24,12 +24,12 @@ import jax
 import numpy as np
 
 from asyncsim import runs
-from asyncsim.config import Scenario
+from asyncsim.config import Scenario, to_dict
 from asyncsim.engine import Numerics
 from asyncsim.errors import ScenarioError
 from asyncsim.models import num_params
 from asyncsim.online import Driver, RunResult
-from asyncsim.scenario import load_scenario, parse_override
+from asyncsim.scenario import load_scenario
 from asyncsim.trace import Trace
 
 DEFAULT_MAX_MEMORY = 8 << 30  # bytes of parameter versions replay may hold at once
@@ -213,11 +213,34 @@ def truncate(trace: Trace, updates: int) -> Trace:
                  {**trace.meta, "stop_reason": "diverged"})
 
 
-# ``--set`` keys a replay refuses: the recorded trace fixes the cluster, the protocol and the
-# run's length.
-TIMING_PREFIXES = ("cluster.", "protocol.", "sweep.")
-TIMING_KEYS = ("cluster", "protocol", "sweep", "run.updates", "run.gradients", "run.epochs",
-               "run.sim_time", "run.trace_only")
+# What a recorded trace fixes, so a replay may not change it: the cluster, the protocol, the
+# sweep grid and the run's length.
+TRACE_FIXED = ("cluster", "protocol", "sweep")
+TRACE_FIXED_RUN = ("updates", "gradients", "epochs", "sim_time", "trace_only")
+
+
+def _dotted(d: Any, prefix: str) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"prefix.a.b": 1}`` (leaves keep their values)."""
+    if not isinstance(d, Mapping) or not d:
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_dotted(v, f"{prefix}.{k}"))
+    return out
+
+
+def trace_fixed_changes(before: Scenario, after: Scenario) -> list[str]:
+    """The dotted keys whose resolved values differ between two scenarios in what a trace
+    fixes (:data:`TRACE_FIXED`, ``run.`` + :data:`TRACE_FIXED_RUN`), however they were set
+    (``--set protocol.n=1`` or a whole table such as ``--set run={updates=5}``)."""
+    b, a = to_dict(before), to_dict(after)
+    flat_b, flat_a = {}, {}
+    for section in TRACE_FIXED:
+        flat_b.update(_dotted(b.get(section, {}), section))
+        flat_a.update(_dotted(a.get(section, {}), section))
+    for k in TRACE_FIXED_RUN:
+        flat_b[f"run.{k}"], flat_a[f"run.{k}"] = b["run"].get(k), a["run"].get(k)
+    return sorted(k for k in flat_b.keys() | flat_a.keys() if flat_b.get(k) != flat_a.get(k))
 
 
 def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
@@ -231,17 +254,18 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     anything is written. Without ``out`` the result is written to ``RUN_DIR/replay``.
     """
     run_dir = runs.require_run_folder(run_dir)
-    for item in overrides:
-        key = parse_override(item)[0] if isinstance(item, str) else item[0]
-        if key.startswith(TIMING_PREFIXES) or key in TIMING_KEYS:
-            # The trace already fixes these: accepting them would write a replay folder whose
-            # scenario.toml disagrees with the trace it actually executed.
-            raise ScenarioError(key, "is timing, which the recorded trace fixes; a replay "
-                                "changes numerics only (optimizer.*, model.*, data.*, seed, "
-                                "run.eval_every, run.eval_samples); to change timing, rerun: "
-                                f"asyncsim run {run_dir / 'scenario.toml'} --set {item}",
-                                file="asyncsim replay")
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
+    changed = trace_fixed_changes(load_scenario(run_dir / "scenario.toml"), scn)
+    if changed:
+        # Accepting these would write a replay folder whose scenario.toml disagrees with the
+        # trace it actually executed.
+        sets = " ".join(f"--set {o if isinstance(o, str) else '='.join(map(str, o))}"
+                        for o in overrides)
+        raise ScenarioError(changed[0], "is timing, which the recorded trace fixes; a replay "
+                            "changes numerics only (optimizer.*, model.*, data.*, seed, "
+                            "run.eval_every, run.eval_samples); to change timing, rerun: "
+                            f"asyncsim run {run_dir / 'scenario.toml'} {sets}",
+                            file="asyncsim replay")
     trace = Trace.load(run_dir)
     trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
     out = out or run_dir / "replay"

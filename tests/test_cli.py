@@ -217,6 +217,9 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
         assert f"{item.split('=')[0]}: is timing, which the recorded trace fixes" in err, err
         assert f"asyncsim run {src / 'scenario.toml'} --set {item}" in err
         assert not out.exists()
+    # Compared on the resolved scenario, so a whole-table override is caught too.
+    assert main(["replay", str(src), "--out", str(out), "--set", "run={updates=5}"]) == 2
+    assert "run.updates: is timing" in capsys.readouterr().err and not out.exists()
 
     (src / "summary.json").unlink()  # as a killed run leaves it
     line, s = replay()
