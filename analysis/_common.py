@@ -114,8 +114,7 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
     with each folder's ``scenario.toml``); otherwise ``"scenario: FILE (modified: ...)"``,
     e.g. when the runs used ``--set`` or the file was edited after them. So a caption never
     claims that a committed scenario regenerates a figure unless it does."""
-    from asyncsim.config import to_dict
-    from asyncsim.runs import dump_toml
+    from asyncsim.runs import scenario_toml
     from asyncsim.scenario import load_scenario
     from asyncsim.sweep import plan
 
@@ -130,11 +129,9 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
             planned = plan(load_scenario(path, profile=profile))
         except (ValueError, OSError):  # ScenarioError: an edited file no longer loads
             continue
-        resolved = {}
-        for item in planned:
-            d = to_dict(item["scenario"])
-            d.pop("source", None)
-            resolved[item["point"]] = tomllib.loads(dump_toml(d))
+        # Each point as write_scenario would record it, read back like the recorded ones.
+        resolved = {item["point"]: tomllib.loads(scenario_toml(item["scenario"]))
+                    for item in planned}
         if len(recorded) == 1 and len(resolved) == 1:  # a single run: any folder name
             resolved = dict(zip(recorded, resolved.values(), strict=True))
         if all(resolved.get(k) == v for k, v in recorded.items()):

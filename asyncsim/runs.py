@@ -177,10 +177,15 @@ def dump_toml(d: Mapping[str, Any], _prefix: str = "") -> str:
     return "\n".join(out).strip("\n") + "\n"
 
 
-def write_scenario(folder: Path, scn: Scenario) -> None:
+def scenario_toml(scn: Scenario) -> str:
+    """The resolved scenario as a run folder's ``scenario.toml`` holds it (no ``source``)."""
     d = to_dict(scn)
     d.pop("source", None)
-    atomic_write_text(folder / "scenario.toml", dump_toml(d))
+    return dump_toml(d)
+
+
+def write_scenario(folder: Path, scn: Scenario) -> None:
+    atomic_write_text(folder / "scenario.toml", scenario_toml(scn))
 
 
 # ----------------------------------------------------------------------------- provenance
