@@ -44,11 +44,11 @@ class TraceResult:
 
 def train_size(scn: Scenario) -> int:
     """The train-set size of ``scn.data`` without building the data set (for run.epochs)."""
-    from asyncsim.data import _DATASETS
+    from asyncsim.data import dataset_factory
 
     if "n_train" in scn.data.options:
         return int(scn.data.options["n_train"])
-    factory = _DATASETS[scn.data.name]
+    factory = dataset_factory(scn.data.name)
     p = inspect.signature(factory).parameters.get("n_train")
     if p is not None and isinstance(p.default, int):
         return p.default

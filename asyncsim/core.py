@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asyncsim._plugins import PluginRegistry
 from asyncsim.config import OptimizerConfig
 from asyncsim.errors import ScenarioError, did_you_mean
 
@@ -103,7 +104,15 @@ class UpdateCore(NamedTuple):
 
 
 # ----------------------------------------------------------------------- learning-rate rules
-_LR_RULES: dict[str, LrRule] = {}
+def _adapt_rule(obj: Any, name: str) -> LrRule:
+    if not callable(obj):
+        raise TypeError(f"a learning-rate rule must be a function rule(lr, staleness, "
+                        f"mean_staleness), got {obj!r}")
+    return obj
+
+
+_lr_rules: PluginRegistry[LrRule] = PluginRegistry(
+    "asyncsim.lr_rules", "rule", "optimizer.lr_rule", adapt=_adapt_rule)
 
 
 def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = False):
@@ -123,38 +132,34 @@ def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = Fal
         applied on top by the core.
 
     Usable as a decorator (``@register_lr_rule("mine")``) or directly
-    (``register_lr_rule("mine", fn)``).
+    (``register_lr_rule("mine", fn)``). An installed package can instead expose the function
+    under the entry-point group ``asyncsim.lr_rules`` (docs/plugins.md).
 
     Raises:
         ValueError: ``name`` is taken and ``replace`` is false.
     """
 
     def _register(f: LrRule) -> LrRule:
-        if name in _LR_RULES and not replace:
+        if name in _lr_rules.direct and not replace:
             raise ValueError(f"learning-rate rule {name!r} is already registered")
-        _LR_RULES[name] = f
+        _lr_rules.direct[name] = f
         return f
 
     return _register(fn) if fn is not None else _register
 
 
 def available_lr_rules() -> list[str]:
-    """The registered learning-rate rule names, sorted."""
-    return sorted(_LR_RULES)
+    """The learning-rate rule names: built-ins, registered rules and entry points, sorted."""
+    return _lr_rules.names()
 
 
 def get_lr_rule(name: str) -> LrRule:
-    """The rule registered as ``name``.
+    """The rule registered as ``name`` (or installed under ``asyncsim.lr_rules``).
 
     Raises:
-        ScenarioError: (a ``ValueError``) naming ``optimizer.lr_rule`` and the known rules.
+        ScenarioError: (a ``ValueError``) naming ``optimizer.lr_rule`` and the allowed rules.
     """
-    try:
-        return _LR_RULES[name]
-    except KeyError:
-        known = ", ".join(available_lr_rules())
-        raise ScenarioError("optimizer.lr_rule", f"unknown rule {name!r}; known: {known}"
-                            f"{did_you_mean(name, available_lr_rules())}") from None
+    return _lr_rules.get(name)
 
 
 @register_lr_rule("constant")

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._factory import build
-from asyncsim.errors import did_you_mean
+from asyncsim._plugins import PluginRegistry
 
 __all__ = [
     "CIFAR10_SHA256",
@@ -89,31 +89,45 @@ class Dataset:
         return tuple(self.x_train.shape[1:])
 
 
-_DATASETS: dict[str, Callable[..., Dataset]] = {}
+def _adapt_factory(obj: Any, name: str) -> Callable[..., Dataset]:
+    if not callable(obj):
+        raise TypeError(f"a data-set plug-in must be a factory f(*, seed, **options) -> "
+                        f"Dataset, got {obj!r}")
+    return obj
+
+
+_registry: PluginRegistry[Callable[..., Dataset]] = PluginRegistry(
+    "asyncsim.datasets", "data set", "data.name", adapt=_adapt_factory)
 
 
 def register_dataset(name: str) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
-    """Decorator registering a factory ``f(*, seed, **options) -> Dataset`` under ``name``."""
+    """Decorator registering a factory ``f(*, seed, **options) -> Dataset`` under ``name``.
+
+    An installed package can instead expose the factory under the entry-point group
+    ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it.
+    """
 
     def deco(factory: Callable[..., Dataset]) -> Callable[..., Dataset]:
-        _DATASETS[name] = factory
+        _registry.direct[name] = factory
         return factory
 
     return deco
 
 
 def available_datasets() -> list[str]:
-    """Sorted names of registered data sets."""
-    return sorted(_DATASETS)
+    """Sorted names of the data sets: built-ins, registered factories and entry points."""
+    return _registry.names()
+
+
+def dataset_factory(name: str) -> Callable[..., Dataset]:
+    """The factory registered (or installed) as ``name``; ScenarioError under ``data.name``
+    for an unknown name."""
+    return _registry.get(name)
 
 
 def get_dataset(name: str, *, seed: int, **options: Any) -> Dataset:
     """Build data set ``name``; ValueError for an unknown name or option (listing the allowed)."""
-    if name not in _DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; allowed: "
-                         f"{', '.join(available_datasets())}"
-                         f"{did_you_mean(name, available_datasets())}")
-    return build("dataset", name, _DATASETS[name], options, fixed={"seed": seed},
+    return build("dataset", name, dataset_factory(name), options, fixed={"seed": seed},
                  reraise=(DataError,))
 
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import importlib.metadata
 import inspect
 import math
 import os
@@ -57,6 +56,7 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
+from asyncsim._plugins import PluginRegistry
 from asyncsim.errors import ScenarioError, did_you_mean
 
 __all__ = [
@@ -119,9 +119,8 @@ class DelayModel:
 
 
 # ----------------------------------------------------------------------------- registry
-_REGISTRY: dict[str, type[DelayModel]] = {}  # direct registrations (built-ins included)
-_PLUGINS: dict[str, type[DelayModel]] = {}  # entry points loaded so far
-_entry_points: dict[str, importlib.metadata.EntryPoint] | None = None  # scanned lazily
+_registry: PluginRegistry[type[DelayModel]] = PluginRegistry(
+    ENTRY_POINT_GROUP, "distribution", "dist", adapt=lambda obj, name: _adapt(obj, name))
 
 
 def register_delay(name: str) -> Callable[[type], type]:
@@ -138,13 +137,13 @@ def register_delay(name: str) -> Callable[[type], type]:
 
     def decorator(cls: type) -> type:
         adapted = _adapt(cls, name)
-        old = _REGISTRY.get(name)
+        old = _registry.direct.get(name)
         if old is not None and _origin_id(old) != _origin_id(adapted):
             raise ValueError(
                 f"delay model {name!r} is already registered to {_origin_id(old)}; "
                 f"cannot register {_origin_id(adapted)}"
             )
-        _REGISTRY[name] = adapted
+        _registry.direct[name] = adapted
         return cls
 
     return decorator
@@ -152,43 +151,7 @@ def register_delay(name: str) -> Callable[[type], type]:
 
 def available_delays() -> list[str]:
     """Names of all delay models: built-ins, registered classes and entry points, sorted."""
-    return sorted(set(_REGISTRY) | set(_scan_entry_points(refresh=True)))
-
-
-def _scan_entry_points(*, refresh: bool = False) -> dict[str, importlib.metadata.EntryPoint]:
-    # Scanned once, on the first name that is not registered; rescanned only on a miss
-    # (an error path) so that a plug-in installed after import is still found.
-    global _entry_points
-    if _entry_points is None or refresh:
-        table: dict[str, importlib.metadata.EntryPoint] = {}
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            table.setdefault(ep.name, ep)  # two packages, one name: the first on sys.path
-        _entry_points = table
-    return _entry_points
-
-
-def _lookup(name: str, key: str) -> type[DelayModel]:
-    cls = _REGISTRY.get(name) or _PLUGINS.get(name)
-    if cls is not None:
-        return cls
-    fresh = _entry_points is None
-    eps = _scan_entry_points()
-    if name not in eps and not fresh:
-        eps = _scan_entry_points(refresh=True)
-    ep = eps.get(name)
-    if ep is None:
-        allowed = sorted(set(_REGISTRY) | set(eps))
-        raise ScenarioError(key, f"unknown distribution {name!r}; allowed: "
-                            f"{', '.join(allowed)}{did_you_mean(name, allowed)}")
-    try:
-        obj = ep.load()
-        cls = _adapt(obj, name)
-    except Exception as e:  # a broken plug-in is the user's scenario problem, not a crash
-        raise ScenarioError(
-            key, f"delay model plug-in {name!r} ({ep.value}) could not be loaded: {e}"
-        ) from e
-    _PLUGINS[name] = cls
-    return cls
+    return _registry.names()
 
 
 def _origin_id(cls: type) -> str:
@@ -274,7 +237,7 @@ def make_delay(
         raise ScenarioError(
             dist_key, f"must be a string; allowed: {', '.join(available_delays())}, got {name!r}"
         )
-    cls = _lookup(name, dist_key)
+    cls = _registry.get(name, dist_key)
     kwargs = _check_params(cls, name, spec, key, base_dir)
     try:
         return cls(**kwargs)

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._factory import build
-from asyncsim.errors import did_you_mean
+from asyncsim._plugins import PluginRegistry
 
 PyTree = Any
 
@@ -96,34 +96,49 @@ class Model:
         return jnp.mean((jnp.argmax(logits, axis=-1) != y).astype(jnp.float32))
 
 
-_MODELS: dict[str, Callable[..., Model]] = {}
+def _adapt_factory(obj: Any, name: str) -> Callable[..., Model]:
+    if not callable(obj):
+        raise TypeError(f"a model plug-in must be a factory f(**options) -> Model, got {obj!r}")
+    return obj
+
+
+_registry: PluginRegistry[Callable[..., Model]] = PluginRegistry(
+    "asyncsim.models", "model", "model.name", adapt=_adapt_factory)
 
 
 def register_model(name: str) -> Callable[[Callable[..., Model]], Callable[..., Model]]:
-    """Decorator registering a factory ``f(**options) -> Model`` under ``name``."""
+    """Decorator registering a factory ``f(**options) -> Model`` under ``name``.
+
+    An installed package can instead expose the factory under the entry-point group
+    ``asyncsim.models`` (docs/plugins.md); a name registered here wins over it.
+    """
 
     def deco(factory: Callable[..., Model]) -> Callable[..., Model]:
-        _MODELS[name] = factory
+        _registry.direct[name] = factory
         return factory
 
     return deco
 
 
 def available_models() -> list[str]:
-    """Sorted names of registered models."""
-    return sorted(_MODELS)
+    """Sorted names of the models: built-ins, registered factories and entry points."""
+    return _registry.names()
+
+
+def model_factory(name: str) -> Callable[..., Model]:
+    """The factory registered (or installed) as ``name``; ScenarioError under ``model.name``
+    for an unknown name."""
+    return _registry.get(name)
 
 
 def get_model(name: str, **options: Any) -> Model:
     """Build model ``name`` with ``options``.
 
-    Raises ValueError for an unknown name (listing the registered names) or for an option the
-    factory does not accept or rejects (listing the factory's parameters).
+    Raises ValueError for an unknown name (a :class:`~asyncsim.errors.ScenarioError` under
+    ``model.name`` listing the allowed names) or for an option the factory does not accept
+    or rejects (listing the factory's parameters).
     """
-    if name not in _MODELS:
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(available_models())}"
-                         f"{did_you_mean(name, available_models())}")
-    return build("model", name, _MODELS[name], options)
+    return build("model", name, model_factory(name), options)
 
 
 def num_params(params: PyTree) -> int:

@@ -31,55 +31,51 @@ through the entry-point group ``asyncsim.protocols``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import metadata
 from typing import TYPE_CHECKING, ClassVar
 
+from asyncsim._plugins import PluginRegistry
 from asyncsim.config import ProtocolConfig
 from asyncsim.errors import ScenarioError, did_you_mean
 
 if TYPE_CHECKING:  # pragma: no cover
     from asyncsim.cluster import Simulation
 
-_PROTOCOLS: dict[str, type[Protocol]] = {}
-_ENTRY_POINTS_LOADED = False
+
+def _adapt(obj: object, name: str) -> type[Protocol]:
+    if not (isinstance(obj, type) and issubclass(obj, Protocol)):
+        raise TypeError(f"a protocol must be a subclass of asyncsim.protocols.Protocol, "
+                        f"got {obj!r}")
+    obj.name = name
+    return obj
+
+
+_registry: PluginRegistry[type[Protocol]] = PluginRegistry(
+    "asyncsim.protocols", "protocol", "protocol.kind", adapt=_adapt)
 
 
 def register_protocol(name: str) -> Callable[[type[Protocol]], type[Protocol]]:
-    """Class decorator: make a :class:`Protocol` usable as ``protocol.kind = name``."""
+    """Class decorator: make a :class:`Protocol` usable as ``protocol.kind = name``.
+
+    Installed packages can also expose a Protocol subclass under the entry-point group
+    ``asyncsim.protocols`` (docs/plugins.md); a name registered here wins over it.
+    """
 
     def deco(cls: type[Protocol]) -> type[Protocol]:
         cls.name = name
-        _PROTOCOLS[name] = cls
+        _registry.direct[name] = cls
         return cls
 
     return deco
 
 
-def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for ep in metadata.entry_points(group="asyncsim.protocols"):
-        if ep.name not in _PROTOCOLS:  # direct registration wins over an entry point
-            cls = ep.load()
-            cls.name = ep.name
-            _PROTOCOLS[ep.name] = cls
-
-
 def available_protocols() -> list[str]:
-    _load_entry_points()
-    return sorted(_PROTOCOLS)
+    """Names of all protocols: built-ins, registered classes and entry points, sorted."""
+    return _registry.names()
 
 
 def get_protocol_class(kind: str) -> type[Protocol]:
-    if kind not in _PROTOCOLS:
-        _load_entry_points()
-    if kind not in _PROTOCOLS:
-        raise ScenarioError("protocol.kind", f"unknown protocol {kind!r}; allowed: "
-                            f"{', '.join(available_protocols())}"
-                            f"{did_you_mean(kind, available_protocols())}")
-    return _PROTOCOLS[kind]
+    """The protocol class of ``protocol.kind``; ScenarioError for an unknown name."""
+    return _registry.get(kind)
 
 
 class Protocol:

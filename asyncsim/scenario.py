@@ -232,10 +232,7 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     _positive("optimizer.lr", o.lr)
     from asyncsim import core
 
-    if o.lr_rule not in core.available_lr_rules():
-        raise ScenarioError("optimizer.lr_rule", f"unknown rule {o.lr_rule!r}; allowed: "
-                            f"{', '.join(core.available_lr_rules())}"
-                            f"{did_you_mean(o.lr_rule, core.available_lr_rules())}")
+    core.get_lr_rule(o.lr_rule)  # an unknown (or unloadable) rule names optimizer.lr_rule
     if o.momentum.kind not in core.MOMENTUM_KINDS:
         raise ScenarioError("optimizer.momentum.kind", f"unknown momentum {o.momentum.kind!r}; "
                             f"allowed: {', '.join(core.MOMENTUM_KINDS)}"
@@ -281,18 +278,12 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
 def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
     """Model/data names against their registries; options against the factory signature."""
     if section == "model":
-        from asyncsim.models import _MODELS as registry
-        from asyncsim.models import available_models as available
+        from asyncsim.models import model_factory as lookup
     else:
-        from asyncsim.data import _DATASETS as registry
-        from asyncsim.data import available_datasets as available
-    names = available()
-    if name not in names:
-        raise ScenarioError(f"{section}.name",
-                            f"unknown {section} {name!r}; allowed: {', '.join(names)}"
-                            f"{did_you_mean(name, names)}")
+        from asyncsim.data import dataset_factory as lookup
+    factory = lookup(name)  # an unknown (or unloadable) name is a ScenarioError under .name
     try:
-        allowed, accepts_any = keyword_options(registry[name], exclude=("seed", "self"))
+        allowed, accepts_any = keyword_options(factory, exclude=("seed", "self"))
     except (TypeError, ValueError):  # no inspectable signature: the factory will say
         return
     if accepts_any:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from asyncsim import runs
 from asyncsim.config import Scenario, to_dict
+from asyncsim.errors import ScenarioError
 from asyncsim.scenario import apply_point, sweep_points
 
 INDEX = "index.csv"
@@ -182,13 +183,16 @@ def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
     import inspect
     import tomllib
 
-    from asyncsim.data import _DATASETS
-    from asyncsim.models import _MODELS
+    from asyncsim.data import dataset_factory
+    from asyncsim.models import model_factory
 
-    for section, registry in (("model", _MODELS), ("data", _DATASETS)):
+    for section, lookup in (("model", model_factory), ("data", dataset_factory)):
         sec = d.get(section)
-        factory = registry.get(sec.get("name")) if isinstance(sec, dict) else None
-        if factory is None:
+        if not isinstance(sec, dict):
+            continue
+        try:
+            factory = lookup(sec.get("name"))
+        except ScenarioError:  # not installed here: compare the options as written
             continue
         for name, p in inspect.signature(factory).parameters.items():
             if name in sec or name == "seed" or p.default in (p.empty, None):

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("dev", deadline=None,
@@ -14,3 +18,31 @@ settings.register_profile("dev", deadline=None,
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+PLUGIN_DIR = Path(__file__).parent / "plugin_pkg"
+
+
+@pytest.fixture(scope="session")
+def installed_plugin(tmp_path_factory):
+    """Install tests/plugin_pkg with pip into a temporary target dir on sys.path, offline.
+
+    A ``--target`` dir keeps the running interpreter's site-packages untouched (others may be
+    running tests in it); ``importlib.metadata`` scans ``sys.path`` on every call, so the
+    distribution and its entry points are visible as soon as the dir is on the path. On
+    teardown every registry forgets what it loaded from it.
+    """
+    from asyncsim import core, data, delays, models, protocols
+
+    registries = [delays._registry, protocols._registry, core._lr_rules, models._registry,
+                  data._registry]
+    target = tmp_path_factory.mktemp("plugin_site")
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+    cmd += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
+    subprocess.run([*cmd, str(PLUGIN_DIR)], check=True, capture_output=True, timeout=120)
+    sys.path.insert(0, str(target))
+    yield target
+    sys.path.remove(str(target))
+    sys.modules.pop("asyncsim_plugin_example", None)
+    for reg in registries:
+        reg.forget_plugins()

@@ -84,10 +84,10 @@ def structure_and_dtypes(state: CoreState):
 
 @pytest.fixture
 def clean_registry():
-    before = dict(core_mod._LR_RULES)
+    before = dict(core_mod._lr_rules.direct)
     yield
-    core_mod._LR_RULES.clear()
-    core_mod._LR_RULES.update(before)
+    core_mod._lr_rules.direct.clear()
+    core_mod._lr_rules.direct.update(before)
 
 
 # ----------------------------------------------------------------------------- rules table

@@ -60,7 +60,7 @@ def test_registered_factory_options_checked_like_models(monkeypatch):
     missing file) passes through unchanged."""
     import asyncsim.data as data_mod
 
-    monkeypatch.setattr(data_mod, "_DATASETS", dict(data_mod._DATASETS))
+    monkeypatch.setattr(data_mod._registry, "direct", dict(data_mod._registry.direct))
     seen = {}
 
     @register_dataset("plug-fixed")

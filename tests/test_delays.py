@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -49,12 +48,13 @@ IDS = list(BUILTINS)
 @pytest.fixture
 def registry():
     """Restore the registries after a test that registers models."""
-    saved = dict(delays._REGISTRY), dict(delays._PLUGINS)
+    reg = delays._registry
+    saved = dict(reg.direct), dict(reg.plugins)
     yield
-    delays._REGISTRY.clear()
-    delays._REGISTRY.update(saved[0])
-    delays._PLUGINS.clear()
-    delays._PLUGINS.update(saved[1])
+    reg.direct.clear()
+    reg.direct.update(saved[0])
+    reg.plugins.clear()
+    reg.plugins.update(saved[1])
 
 
 def _ks(a: np.ndarray, b: np.ndarray) -> float:
@@ -428,31 +428,6 @@ def test_register_conflicts(registry):
 
 
 # ----------------------------------------------------------------------------- entry points
-PLUGIN_DIR = Path(__file__).parent / "plugin_pkg"
-
-
-@pytest.fixture(scope="session")
-def installed_plugin(tmp_path_factory):
-    """Install tests/plugin_pkg with pip into a temporary target dir on sys.path, offline.
-
-    A ``--target`` dir keeps the running interpreter's site-packages untouched (others may be
-    running tests in it); ``importlib.metadata`` scans ``sys.path`` on every call, so the
-    distribution and its entry points are visible as soon as the dir is on the path.
-    """
-    target = tmp_path_factory.mktemp("plugin_site")
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
-    cmd += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
-    subprocess.run([*cmd, str(PLUGIN_DIR)], check=True, capture_output=True, timeout=120)
-    sys.path.insert(0, str(target))
-    saved = dict(delays._PLUGINS)
-    yield target
-    sys.path.remove(str(target))
-    sys.modules.pop("asyncsim_plugin_example", None)
-    delays._PLUGINS.clear()
-    delays._PLUGINS.update(saved)
-    delays._scan_entry_points(refresh=True)
-
-
 def test_entry_point_plugin(installed_plugin):
     eps = {ep.name: ep for ep in importlib.metadata.entry_points(group="asyncsim.delays")}
     assert eps["weibull-test"].value == "asyncsim_plugin_example:Weibull"

@@ -253,4 +253,4 @@ def test_register_user_model():
     finally:
         from asyncsim import models
 
-        models._MODELS.pop("test-tiny")
+        models._registry.direct.pop("test-tiny")

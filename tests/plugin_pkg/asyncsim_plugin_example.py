@@ -1,16 +1,24 @@
-"""Example asyncsim delay-model plug-in (installed by tests/test_delays.py).
+"""Example asyncsim plug-in package (installed by the ``installed_plugin`` test fixture).
 
-``Weibull`` subclasses :class:`asyncsim.delays.DelayModel`; ``Diurnal`` is duck-typed (it
-only has ``sample``), which asyncsim wraps.
+One of each kind a scenario file refers to by name, each exposed through its entry-point
+group in ``pyproject.toml``: delay models (``Weibull`` subclasses
+:class:`asyncsim.delays.DelayModel`; ``Diurnal`` is duck-typed, which asyncsim wraps), a
+protocol (``Pairs``), a learning-rate rule (``sqrt_staleness``), a model (``affine``) and a
+data set (``ramp``).
 """
 
 from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
+from asyncsim.data import Dataset
 from asyncsim.delays import DelayModel
+from asyncsim.errors import ScenarioError
+from asyncsim.models import Model
+from asyncsim.protocols import Protocol
 
 
 class Weibull(DelayModel):
@@ -50,3 +58,63 @@ class Diurnal:
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         load = 1.0 + self.amplitude * math.sin(2.0 * math.pi * now / self.period)
         return self.base * load * float(rng.exponential())
+
+
+class Pairs(Protocol):
+    """Apply gradients two at a time in arrival order, whatever the cluster size
+    (n-softsync with c = 2)."""
+
+    def __init__(self, cfg, learners):
+        super().__init__(cfg, learners)
+        self.buffer: list[tuple] = []
+
+    @classmethod
+    def check(cls, cfg, learners):
+        super().check(cfg, learners)
+        if learners < 2:
+            raise ScenarioError("cluster.learners", f"'pairs-test' needs >= 2, got {learners}")
+
+    def updates_per_gradient(self):
+        return 0.5
+
+    def on_arrival(self, sim, grad):
+        self.buffer.append(grad)
+        if len(self.buffer) == 2:
+            pair, self.buffer = self.buffer, []
+            sim.apply_update(pair)
+
+
+def sqrt_staleness(lr, staleness, mean_staleness):
+    """alpha = alpha0 / sqrt(max(tau, 1))."""
+    del mean_staleness
+    return lr / jnp.sqrt(jnp.maximum(staleness, 1.0))
+
+
+def affine(*, dim: int = 4, scale: float = 1.0) -> Model:
+    """Least squares ``0.5 * mean((scale * x . w + b - y)^2)`` on ``dim`` features, zero init."""
+    if dim < 1:
+        raise ValueError(f"dim: must be >= 1, got {dim}")
+
+    def init(key):
+        del key
+        return {"w": jnp.zeros((dim,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
+
+    def apply(params, x):
+        return scale * x @ params["w"] + params["b"]
+
+    def loss(params, x, y):
+        return 0.5 * jnp.mean((apply(params, x) - y) ** 2)
+
+    return Model("affine-test", init, apply, loss, (dim,), None)
+
+
+def ramp(*, seed: int, dim: int = 4, n_train: int = 64, n_test: int = 16) -> Dataset:
+    """Gaussian features with noiseless targets ``y = x . (1, 2, ..., dim)`` (floats)."""
+    rng = np.random.default_rng([seed, 7])
+    w = np.arange(1, dim + 1, dtype=np.float32)
+    x = rng.standard_normal((n_train + n_test, dim)).astype(np.float32)
+    y = (x @ w).astype(np.float32)
+    return Dataset("ramp-test", x[:n_train], y[:n_train], x[n_train:], y[n_train:], 1)
+
+
+NOT_CALLABLE = 42  # exposed as a broken lr rule: loading it must name the scenario key

@@ -1,0 +1,152 @@
+"""Plug-ins from installed packages: every registry a scenario names (delay models,
+protocols, learning-rate rules, models, data sets) reads its entry-point group, so a package
+that exposes all five runs from a TOML file through the CLI with no change to asyncsim."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from asyncsim import core, data, delays, models, protocols
+from asyncsim.api import simulate
+from asyncsim.cli import main
+from asyncsim.errors import ScenarioError
+from asyncsim.online import run
+from asyncsim.scenario import load_scenario
+
+PLUGGED = """
+name = "plugged"
+seed = 3
+[cluster]
+learners = 4
+compute = { dist = "weibull-test", shape = 2.0, scale = 1.0 }
+[protocol]
+kind = "pairs-test"
+[optimizer]
+lr = 0.05
+lr_rule = "sqrt-staleness-test"
+[model]
+name = "affine-test"
+dim = 3
+[data]
+name = "ramp-test"
+dim = 3
+batch_size = 8
+[run]
+updates = 40
+eval_every = 20
+"""
+
+
+def plugged(**over):
+    raw = {"seed": 3, "cluster": {"learners": 4,
+                                  "compute": {"dist": "weibull-test", "shape": 2.0}},
+           "protocol": {"kind": "pairs-test"},
+           "optimizer": {"lr": 0.05, "lr_rule": "sqrt-staleness-test"},
+           "model": {"name": "affine-test", "dim": 3},
+           "data": {"name": "ramp-test", "dim": 3, "batch_size": 8},
+           "run": {"updates": 40}}
+    for k, v in over.items():
+        raw[k] = {**raw[k], **v}
+    return load_scenario(raw)
+
+
+def test_every_registry_lists_and_loads_its_entry_points(installed_plugin):
+    assert "weibull-test" in delays.available_delays()
+    assert "pairs-test" in protocols.available_protocols()
+    assert "sqrt-staleness-test" in core.available_lr_rules()
+    assert "affine-test" in models.available_models()
+    assert "ramp-test" in data.available_datasets()
+
+    assert protocols.get_protocol_class("pairs-test").name == "pairs-test"
+    rule = core.get_lr_rule("sqrt-staleness-test")
+    np.testing.assert_allclose(rule(1.0, jnp.array([0.0, 1.0, 4.0]), 2.0), [1.0, 1.0, 0.5])
+    m = models.get_model("affine-test", dim=2, scale=2.0)
+    assert m.apply({"w": jnp.ones(2), "b": jnp.zeros(())}, jnp.ones((1, 2)))[0] == 4.0
+    ds = data.get_dataset("ramp-test", seed=0, dim=2, n_train=5, n_test=1)
+    np.testing.assert_allclose(ds.y_train, ds.x_train @ np.array([1.0, 2.0]), rtol=1e-6)
+    with pytest.raises(ValueError, match="dim: must be >= 1"):  # the factory's own check
+        models.get_model("affine-test", dim=0)
+    with pytest.raises(ValueError, match="unknown option"):
+        models.get_model("affine-test", width=2)
+
+
+def test_a_scenario_of_plugins_runs_from_the_cli_and_replays(installed_plugin, tmp_path,
+                                                              capsys):
+    path = tmp_path / "plugged.toml"
+    path.write_text(PLUGGED)
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates"] == 40 and not summary["diverged"]
+    # The plug-in protocol's shape: every update takes two gradients.
+    trace = simulate(load_scenario(path))
+    assert np.all(trace.updates["n_grads"] == 2)
+    # Replay finds the same plug-ins through the recorded scenario.
+    capsys.readouterr()
+    assert main(["replay", str(out), "--out", str(tmp_path / "again"), "--path", "loop"]) == 0
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["param_hash"] == summary["param_hash"]
+
+
+def test_plugin_rule_equals_the_same_rule_registered_in_python(installed_plugin):
+    core.register_lr_rule("sqrt-staleness-here", lambda lr, tau, mean:
+                          lr / jnp.sqrt(jnp.maximum(tau, 1.0)))
+    try:
+        a = run(plugged()).summary["param_hash"]
+        b = run(plugged(optimizer={"lr_rule": "sqrt-staleness-here"}))
+        c = run(plugged(optimizer={"lr_rule": "constant"}))
+    finally:
+        del core._lr_rules.direct["sqrt-staleness-here"]
+    assert a == b.summary["param_hash"]
+    assert a != c.summary["param_hash"]  # the rule is applied: staleness > 1 occurs
+    assert b.trace.max_staleness > 1
+
+
+def test_direct_registration_wins_over_an_entry_point(installed_plugin):
+    core.register_lr_rule("sqrt-staleness-test", lambda lr, tau, mean: lr * 0 + 7.0)
+    try:
+        assert float(core.get_lr_rule("sqrt-staleness-test")(1.0, jnp.zeros(()), 1.0)) == 7.0
+    finally:
+        del core._lr_rules.direct["sqrt-staleness-test"]
+    assert float(core.get_lr_rule("sqrt-staleness-test")(1.0, jnp.full((), 4.0), 1.0)) == 0.5
+
+
+@pytest.mark.parametrize("rule,why", [
+    ("broken-test", "must be a function"),
+    ("missing-test", "No module named 'asyncsim_plugin_example_missing'"),
+])
+def test_a_broken_plugin_is_a_scenario_error_naming_the_key(installed_plugin, tmp_path,
+                                                           capsys, rule, why):
+    path = tmp_path / "broken.toml"
+    path.write_text(PLUGGED.replace("sqrt-staleness-test", rule))
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for part in (str(path), "optimizer.lr_rule", f"plug-in {rule!r}", "asyncsim.lr_rules",
+                 "could not be loaded", why):
+        assert part in err, err
+    assert not out.exists()  # nothing half-written
+
+
+def test_unknown_names_list_installed_plugins(installed_plugin):
+    with pytest.raises(ScenarioError) as err:
+        plugged(optimizer={"lr_rule": "sqrt-staleness-tst"})
+    assert err.value.key == "optimizer.lr_rule"
+    assert "sqrt-staleness-test, stability-edge" in err.value.message
+    assert "(did you mean 'sqrt-staleness-test'?)" in err.value.message
+    for section, name, key in (("model", "afine-test", "model.name"),
+                               ("data", "ramp-tst", "data.name")):
+        with pytest.raises(ScenarioError) as err:
+            plugged(**{section: {"name": name}})
+        assert err.value.key == key and "-test'?)" in err.value.message
+    with pytest.raises(ScenarioError) as err:
+        plugged(protocol={"kind": "pair-test"})
+    assert err.value.key == "protocol.kind" and "pairs-test" in err.value.message
+    with pytest.raises(ScenarioError) as err:  # the plug-in's own check names its key
+        plugged(cluster={"learners": 1})
+    assert err.value.key == "cluster.learners" and "needs >= 2" in err.value.message
