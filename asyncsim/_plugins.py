@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from asyncsim.errors import ScenarioError, did_you_mean
 
+if TYPE_CHECKING:  # pragma: no cover
+    from asyncsim.config import Scenario
+
 T = TypeVar("T")
+_BY_GROUP: dict[str, PluginRegistry] = {}
 
 GROUPS = ("asyncsim.delays", "asyncsim.protocols", "asyncsim.lr_rules", "asyncsim.models",
           "asyncsim.datasets")
@@ -47,6 +51,7 @@ class PluginRegistry(Generic[T]):
         self.direct: dict[str, T] = {}  # registered in Python (built-ins included)
         self.plugins: dict[str, T] = {}  # entry points loaded so far
         self._eps: dict[str, importlib.metadata.EntryPoint] | None = None
+        _BY_GROUP[group] = self
 
     def entry_points(self, *, refresh: bool = False) -> dict[str, importlib.metadata.EntryPoint]:
         """The group's entry points by name (scanned on first use, again on ``refresh``)."""
@@ -96,3 +101,60 @@ class PluginRegistry(Generic[T]):
         """Drop loaded entry points and the scan (tests that install and remove a plug-in)."""
         self.plugins.clear()
         self._eps = None
+
+
+# ------------------------------------------------------------- other processes (Ray actors)
+def _names_used(scn: Scenario) -> list[tuple[str, str]]:
+    """``(group, name)`` of every registry name ``scn`` refers to."""
+    from asyncsim.config import to_dict
+
+    used = [("asyncsim.protocols", scn.protocol.kind),
+            ("asyncsim.lr_rules", scn.optimizer.lr_rule),
+            ("asyncsim.models", scn.model.name), ("asyncsim.datasets", scn.data.name)]
+
+    def walk(x: Any) -> None:  # delay specs nest (a straggler's base), in lists per learner
+        if isinstance(x, dict):
+            if isinstance(x.get("dist"), str):
+                used.append(("asyncsim.delays", x["dist"]))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+
+    walk(to_dict(scn.cluster))
+    return used
+
+
+def python_registrations(scenarios: Scenario | list[Scenario]) -> list[tuple[str, str, Any]]:
+    """``(group, name, object)`` for each name the scenario(s) use that was registered in
+    Python by the user (``register_lr_rule`` in a script or notebook, say): not a built-in
+    and not an entry point. A Ray actor or task is a fresh process that never ran that
+    registering code, so :mod:`asyncsim.real` ships these (Ray pickles them, by value for
+    ``__main__``) and the process calls :func:`install_registrations` before it builds the
+    scenario's numerics. Entry points need nothing: every process finds them itself.
+    """
+    from asyncsim import core, data, delays, models, protocols  # noqa: F401  (registries)
+
+    out: dict[tuple[str, str], Any] = {}
+    for scn in scenarios if isinstance(scenarios, list) else [scenarios]:
+        for group, name in _names_used(scn):
+            obj = _BY_GROUP[group].direct.get(name)
+            if obj is None:
+                continue
+            obj = getattr(obj, "_wrapped", obj)  # a duck-typed delay model: the user's class
+            module = getattr(obj, "__module__", None) or ""
+            if module == "asyncsim" or module.startswith("asyncsim."):
+                continue  # built-in: registered on import everywhere
+            out[group, name] = obj
+    return [(g, n, o) for (g, n), o in out.items()]
+
+
+def install_registrations(regs: list[tuple[str, str, Any]]) -> None:
+    """Register what :func:`python_registrations` collected in another process (replacing a
+    registration of the same name: the scenario means the driver's object)."""
+    from asyncsim import core, data, delays, models, protocols  # noqa: F401  (registries)
+
+    for group, name, obj in regs:
+        reg = _BY_GROUP[group]
+        reg.direct[name] = reg.adapt(obj, name)

@@ -51,6 +51,7 @@ complete with the live learners' gradients (updates with ``n_grads < learners``,
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -117,7 +118,7 @@ class LearnerImpl:
 
     Reusable across runs (a test session or a benchmark keeps the actors, and the jitted
     gradient compiled once): every call names its job, ``(job_id, scenario, learner,
-    emulate)`` (an object-store reference resolved by Ray), and the actor (re)builds its
+    emulate, plug-ins)`` (an object-store reference resolved by Ray), and the actor (re)builds its
     Numerics when the job changes; a restarted actor rebuilds lazily on its first call.
 
     ``compute`` returns ``(loss, grads, t_start, t_push, pid)`` with numpy leaves and
@@ -131,7 +132,8 @@ class LearnerImpl:
     def _setup(self, job) -> None:
         from asyncsim.engine import Numerics
 
-        job_id, scn, learner, emulate = job
+        job_id, scn, learner, emulate, plugins = job
+        install_plugins(plugins)  # the driver's Python-registered plug-ins
         self.learner = learner
         self.num = Numerics(scn, grouping="none")
         self.sleep = None
@@ -617,13 +619,50 @@ def _actor_options(threads: int) -> dict[str, Any]:
     return {"runtime_env": {"env_vars": env}}
 
 
+def pack_plugins(scenarios: list[Scenario]) -> bytes | None:
+    """The plug-ins ``scenarios`` use that were registered in this process, pickled for a Ray
+    actor or task (:func:`asyncsim._plugins.python_registrations`); None if there are none.
+
+    Pickled by value, module included: a rule defined in a script's helper module, a notebook
+    or a test file need not be importable where the actor runs.
+    """
+    from ray import cloudpickle
+
+    from asyncsim._plugins import python_registrations
+
+    regs = python_registrations(scenarios)
+    if not regs:
+        return None
+    mods = {sys.modules.get(getattr(o, "__module__", None) or "") for _, _, o in regs}
+    mods = {m for m in mods if m is not None and m.__name__ != "__main__"
+            and m.__name__ not in cloudpickle.list_registry_pickle_by_value()}
+    for m in mods:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return cloudpickle.dumps(regs)
+    finally:
+        for m in mods:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
+def install_plugins(blob: bytes | None) -> None:
+    """Register what :func:`pack_plugins` packed (in the actor or task)."""
+    if blob is not None:
+        import pickle
+
+        from asyncsim._plugins import install_registrations
+
+        install_registrations(pickle.loads(blob))
+
+
 class PSHost:
     """The PS actor: runs one :class:`PSImpl` per call of :meth:`run` (reusable)."""
 
     def __init__(self):
         self.ps: PSImpl | None = None
 
-    def run(self, scn, folder, learners, jobs, resume, faults, limits, info):
+    def run(self, scn, folder, learners, jobs, resume, faults, limits, info, plugins=None):
+        install_plugins(plugins)  # the driver's Python-registered plug-ins
         self.ps = PSImpl(scn, folder, learners, jobs, resume=resume, faults=faults)
         try:
             return self.ps.run(limits, info)
@@ -747,7 +786,10 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
                          f"the scenario needs {lam}")
     learners = cluster.learners[:lam]
     job_id = f"{os.getpid()}-{time.time_ns()}"
-    jobs = [ray.put((job_id, scn, k, emulate_compute)) for k in range(lam)]
+    # Plug-ins registered in this process (a script's register_lr_rule, say) travel with the
+    # job: actors are fresh processes that never ran the registering code.
+    plugins = pack_plugins([scn])
+    jobs = [ray.put((job_id, scn, k, emulate_compute, plugins)) for k in range(lam)]
     try:
         ps = cluster.ps
         if "JAX_COMPILATION_CACHE_DIR" in cluster.opts["runtime_env"]["env_vars"]:
@@ -760,7 +802,8 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
         try:
             out_ = ray.get(ps.run.remote(scn, str(folder) if folder else None, learners, jobs,
                                          resume, faults, run_length(scn, n_train=n_train),
-                                         {"startup_s": startup, "threads": cluster.threads}))
+                                         {"startup_s": startup, "threads": cluster.threads},
+                                         plugins))
         except ray.exceptions.RayActorError as e:
             raise RealRunError(f"the PS died ({type(e).__name__}); continue with "
                                f"asyncsim real --resume {folder}") from e
@@ -965,7 +1008,8 @@ def ray_executor(address: str | None = None, *, num_cpus: float = 1) -> Callable
     env = {"OMP_NUM_THREADS": str(default_threads())}
 
     @ray.remote(num_cpus=num_cpus, runtime_env={"env_vars": env})
-    def _job(job):
+    def _job(job, plugins):
+        install_plugins(plugins)
         old = os.getcwd()
         os.chdir(cwd)
         try:
@@ -974,7 +1018,9 @@ def ray_executor(address: str | None = None, *, num_cpus: float = 1) -> Callable
             os.chdir(old)
 
     def execute(jobs: Sequence[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
-        return ray.get([_job.remote(j) for j in jobs])
+        # The plug-ins the points use that this process registered in Python travel along.
+        plugins = pack_plugins([s for j in jobs for s in getattr(j, "scenarios", [])])
+        return ray.get([_job.remote(j, plugins) for j in jobs])
 
     return execute
 

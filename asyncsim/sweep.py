@@ -242,12 +242,16 @@ def _vmap_job(todo, hypers, out, trace, vmap):
             res = [replay(it["scenario"], trace, out=f, force=True, kind="run")
                    for it, f in zip(todo, folders, strict=True)]
         return [r.summary for r in res]
+    job.scenarios = [it["scenario"] for it in todo]
     return job
 
 
+# Each job carries the scenarios it runs (``job.scenarios``) so that an executor that runs it
+# in another process can send the plug-ins they use along (asyncsim.real.ray_executor).
 def _job(it, folder, trace, progress):
     def job():
         return _run_point(it, folder, trace, progress=progress)
+    job.scenarios = [it["scenario"]]
     return job
 
 
@@ -256,6 +260,7 @@ def _trace_job(it, folder):
         from asyncsim.api import trace_run
 
         return trace_run(it["scenario"], folder, force=True).summary
+    job.scenarios = [it["scenario"]]
     return job
 
 

@@ -150,3 +150,37 @@ def test_unknown_names_list_installed_plugins(installed_plugin):
     with pytest.raises(ScenarioError) as err:  # the plug-in's own check names its key
         plugged(cluster={"learners": 1})
     assert err.value.key == "cluster.learners" and "needs >= 2" in err.value.message
+
+
+def test_python_registrations_are_what_another_process_needs():
+    """What a Ray actor must be sent: the names a scenario uses that were registered in
+    Python outside asyncsim (nested delay specs included; a duck-typed delay model as the
+    user's own class), never built-ins or entry points; installing them registers them."""
+    from asyncsim._plugins import install_registrations, python_registrations
+
+    class Ticks:  # duck-typed: asyncsim wraps it
+        def sample(self, rng, learner, now):
+            return 1.0
+
+    def rule(lr, tau, mean):
+        return lr + 0.0 * tau
+
+    delays.register_delay("test-ticks")(Ticks)
+    core.register_lr_rule("test-rule", rule)
+    try:
+        scn = load_scenario({
+            "cluster": {"learners": 2, "compute": {"dist": "straggler", "p": 0.5, "factor": 2.0,
+                                                   "base": {"dist": "test-ticks"}}},
+            "optimizer": {"lr_rule": "test-rule"}})
+        regs = python_registrations(scn)
+        assert sorted((g, n) for g, n, _ in regs) == [("asyncsim.delays", "test-ticks"),
+                                                      ("asyncsim.lr_rules", "test-rule")]
+        assert dict(((g, n), o) for g, n, o in regs)["asyncsim.delays", "test-ticks"] is Ticks
+        assert python_registrations(load_scenario({})) == []  # built-ins only
+        del delays._registry.direct["test-ticks"], core._lr_rules.direct["test-rule"]
+        install_registrations(regs)
+        assert core.get_lr_rule("test-rule") is rule
+        assert delays.make_delay({"dist": "test-ticks"}).sample(None, 0, 0.0) == 1.0
+    finally:
+        delays._registry.direct.pop("test-ticks", None)
+        core._lr_rules.direct.pop("test-rule", None)

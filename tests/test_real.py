@@ -14,8 +14,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from asyncsim import runs  # noqa: E402
+from asyncsim import core, delays, runs  # noqa: E402
 from asyncsim.api import trace_run  # noqa: E402
+from asyncsim.delays import DelayModel, register_delay  # noqa: E402
 from asyncsim.invariants import check_trace  # noqa: E402
 from asyncsim.real import (  # noqa: E402
     RealCluster,
@@ -26,7 +27,7 @@ from asyncsim.real import (  # noqa: E402
     ray_executor,
     real_run,
 )
-from asyncsim.replayer import replay_folder  # noqa: E402
+from asyncsim.replayer import replay, replay_folder  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402
 from asyncsim.trace import Trace  # noqa: E402
@@ -207,8 +208,41 @@ def test_calibrate_simulate_compare(async_run, tmp_path):
     assert (tmp_path / "empirical" / "calib_compute_0.csv").exists()
 
 
-def test_ray_executor_sweep_equals_local(cluster, tmp_path):
-    scn = load_scenario({**_raw_tiny(), "sweep": {"protocol.kind": ["async", "hardsync"]}})
+class HalfOrOne(DelayModel):
+    """0.5 for even learners, 1.0 for odd ones (a delay model registered only in Python)."""
+
+    def sample(self, rng, learner, now):
+        return 0.5 if learner % 2 == 0 else 1.0
+
+
+@pytest.fixture
+def python_plugins():
+    """A learning-rate rule and a delay model registered in this process only, the way a
+    script or notebook registers them: Ray actors and tasks never import this file."""
+    core.register_lr_rule("test-real-halved", lambda lr, tau, mean: 0.5 * lr + 0.0 * tau)
+    register_delay("test-real-half-or-one")(HalfOrOne)
+    yield
+    del core._lr_rules.direct["test-real-halved"]
+    del delays._registry.direct["test-real-half-or-one"]
+
+
+def test_python_registered_plugins_reach_the_actors(cluster, tmp_path, python_plugins):
+    scn = tiny(optimizer={"lr": 0.05, "lr_rule": "test-real-halved"},
+               run={"updates": 6, "eval_every": 0})
+    s = real_run(scn, out=tmp_path / "real", cluster=cluster)
+    # The PS actor applied the rule: lr 0.05 halved is lr 0.025 (a power of two: exact).
+    same = tiny(optimizer={"lr": 0.025}, run={"updates": 6, "eval_every": 0})
+    assert replay(same, Trace.load(tmp_path / "real")).summary["param_hash"] == s["param_hash"]
+    assert replay(tiny(run={"updates": 6, "eval_every": 0}), Trace.load(tmp_path / "real")
+                  ).summary["param_hash"] != s["param_hash"]
+
+
+def test_ray_executor_sweep_equals_local(cluster, tmp_path, python_plugins):
+    # The points use a rule and a delay model that only this process registered.
+    raw = _raw_tiny()
+    raw["cluster"] = {**raw["cluster"], "compute": {"dist": "test-real-half-or-one"}}
+    raw["optimizer"] = {**raw["optimizer"], "lr_rule": "test-real-halved"}
+    scn = load_scenario({**raw, "sweep": {"protocol.kind": ["async", "hardsync"]}})
     local = run_sweep(scn, tmp_path / "local")
     remote = run_sweep(scn, tmp_path / "ray", executor=ray_executor())
     cols = ["point", "param_hash", "trace_hash", "final_test_error", "status"]
