@@ -29,8 +29,17 @@ if TYPE_CHECKING:  # pragma: no cover
 T = TypeVar("T")
 _BY_GROUP: dict[str, PluginRegistry] = {}
 
-GROUPS = ("asyncsim.delays", "asyncsim.protocols", "asyncsim.lr_rules", "asyncsim.models",
-          "asyncsim.datasets")
+
+def callable_value(contract: str) -> Callable[[Any, str], Any]:
+    """An ``adapt`` for registries of functions or factories: the loaded object itself,
+    TypeError naming ``contract`` (e.g. ``"a factory f(**options) -> Model"``) otherwise."""
+
+    def adapt(obj: Any, name: str) -> Any:
+        if not callable(obj):
+            raise TypeError(f"must be {contract}, got {obj!r}")
+        return obj
+
+    return adapt
 
 
 class PluginRegistry(Generic[T]):
@@ -103,6 +112,13 @@ class PluginRegistry(Generic[T]):
         self._eps = None
 
 
+def registries() -> dict[str, PluginRegistry]:
+    """Every registry by entry-point group (importing the modules that define them)."""
+    from asyncsim import core, data, delays, models, protocols  # noqa: F401  (registries)
+
+    return _BY_GROUP
+
+
 # ------------------------------------------------------------- other processes (Ray actors)
 def _names_used(scn: Scenario) -> list[tuple[str, str]]:
     """``(group, name)`` of every registry name ``scn`` refers to."""
@@ -130,16 +146,15 @@ def python_registrations(scenarios: Scenario | list[Scenario]) -> list[tuple[str
     """``(group, name, object)`` for each name the scenario(s) use that was registered in
     Python by the user (``register_lr_rule`` in a script or notebook, say): not a built-in
     and not an entry point. A Ray actor or task is a fresh process that never ran that
-    registering code, so :mod:`asyncsim.real` ships these (Ray pickles them, by value for
-    ``__main__``) and the process calls :func:`install_registrations` before it builds the
+    registering code, so :mod:`asyncsim.real` ships these (``pack_plugins`` pickles them by
+    value) and the process calls :func:`install_registrations` before it builds the
     scenario's numerics. Entry points need nothing: every process finds them itself.
     """
-    from asyncsim import core, data, delays, models, protocols  # noqa: F401  (registries)
-
+    by_group = registries()
     out: dict[tuple[str, str], Any] = {}
     for scn in scenarios if isinstance(scenarios, list) else [scenarios]:
         for group, name in _names_used(scn):
-            obj = _BY_GROUP[group].direct.get(name)
+            obj = by_group[group].direct.get(name)
             if obj is None:
                 continue
             obj = getattr(obj, "_wrapped", obj)  # a duck-typed delay model: the user's class
@@ -153,8 +168,7 @@ def python_registrations(scenarios: Scenario | list[Scenario]) -> list[tuple[str
 def install_registrations(regs: list[tuple[str, str, Any]]) -> None:
     """Register what :func:`python_registrations` collected in another process (replacing a
     registration of the same name: the scenario means the driver's object)."""
-    from asyncsim import core, data, delays, models, protocols  # noqa: F401  (registries)
-
+    by_group = registries()
     for group, name, obj in regs:
-        reg = _BY_GROUP[group]
+        reg = by_group[group]
         reg.direct[name] = reg.adapt(obj, name)

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asyncsim._plugins import PluginRegistry
+from asyncsim._plugins import PluginRegistry, callable_value
 from asyncsim.config import OptimizerConfig
 from asyncsim.errors import ScenarioError, did_you_mean
 
@@ -104,15 +104,9 @@ class UpdateCore(NamedTuple):
 
 
 # ----------------------------------------------------------------------- learning-rate rules
-def _adapt_rule(obj: Any, name: str) -> LrRule:
-    if not callable(obj):
-        raise TypeError(f"a learning-rate rule must be a function rule(lr, staleness, "
-                        f"mean_staleness), got {obj!r}")
-    return obj
-
-
 _lr_rules: PluginRegistry[LrRule] = PluginRegistry(
-    "asyncsim.lr_rules", "rule", "optimizer.lr_rule", adapt=_adapt_rule)
+    "asyncsim.lr_rules", "rule", "optimizer.lr_rule",
+    adapt=callable_value("a function rule(lr, staleness, mean_staleness)"))
 
 
 def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = False):

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._factory import build
-from asyncsim._plugins import PluginRegistry
+from asyncsim._plugins import PluginRegistry, callable_value
 
 __all__ = [
     "CIFAR10_SHA256",
@@ -89,15 +89,9 @@ class Dataset:
         return tuple(self.x_train.shape[1:])
 
 
-def _adapt_factory(obj: Any, name: str) -> Callable[..., Dataset]:
-    if not callable(obj):
-        raise TypeError(f"a data-set plug-in must be a factory f(*, seed, **options) -> "
-                        f"Dataset, got {obj!r}")
-    return obj
-
-
 _registry: PluginRegistry[Callable[..., Dataset]] = PluginRegistry(
-    "asyncsim.datasets", "data set", "data.name", adapt=_adapt_factory)
+    "asyncsim.datasets", "data set", "data.name",
+    adapt=callable_value("a factory f(*, seed, **options) -> Dataset"))
 
 
 def register_dataset(name: str) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._factory import build
-from asyncsim._plugins import PluginRegistry
+from asyncsim._plugins import PluginRegistry, callable_value
 
 PyTree = Any
 
@@ -96,14 +96,9 @@ class Model:
         return jnp.mean((jnp.argmax(logits, axis=-1) != y).astype(jnp.float32))
 
 
-def _adapt_factory(obj: Any, name: str) -> Callable[..., Model]:
-    if not callable(obj):
-        raise TypeError(f"a model plug-in must be a factory f(**options) -> Model, got {obj!r}")
-    return obj
-
-
 _registry: PluginRegistry[Callable[..., Model]] = PluginRegistry(
-    "asyncsim.models", "model", "model.name", adapt=_adapt_factory)
+    "asyncsim.models", "model", "model.name",
+    adapt=callable_value("a factory f(**options) -> Model"))
 
 
 def register_model(name: str) -> Callable[[Callable[..., Model]], Callable[..., Model]]:

@@ -32,10 +32,8 @@ def installed_plugin(tmp_path_factory):
     distribution and its entry points are visible as soon as the dir is on the path. On
     teardown every registry forgets what it loaded from it.
     """
-    from asyncsim import core, data, delays, models, protocols
+    from asyncsim._plugins import registries
 
-    registries = [delays._registry, protocols._registry, core._lr_rules, models._registry,
-                  data._registry]
     target = tmp_path_factory.mktemp("plugin_site")
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
     cmd += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
@@ -44,5 +42,5 @@ def installed_plugin(tmp_path_factory):
     yield target
     sys.path.remove(str(target))
     sys.modules.pop("asyncsim_plugin_example", None)
-    for reg in registries:
+    for reg in registries().values():
         reg.forget_plugins()
