@@ -106,6 +106,16 @@ class PluginRegistry(Generic[T]):
         self.plugins[name] = value
         return value
 
+    def decorator(self, name: str) -> Callable[[T], T]:
+        """A decorator registering its argument as ``name`` (direct: it wins over an entry
+        point of that name) and returning it unchanged."""
+
+        def deco(value: T) -> T:
+            self.direct[name] = value
+            return value
+
+        return deco
+
     def forget_plugins(self) -> None:
         """Drop loaded entry points and the scan (tests that install and remove a plug-in)."""
         self.plugins.clear()

@@ -67,6 +67,17 @@ __all__ = [
 MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "nesterov", "shifted")
 
 
+def check_momentum_kind(kind: str) -> str:
+    """``kind`` if it is one of :data:`MOMENTUM_KINDS`; else a ScenarioError under
+    ``optimizer.momentum.kind`` listing them (the one check scenario validation and
+    :func:`make_core` share)."""
+    if kind not in MOMENTUM_KINDS:
+        raise ScenarioError("optimizer.momentum.kind",
+                            f"unknown momentum {kind!r}; allowed: {', '.join(MOMENTUM_KINDS)}"
+                            f"{did_you_mean(kind, MOMENTUM_KINDS)}")
+    return kind
+
+
 class CoreState(NamedTuple):
     """The PS state between updates.
 
@@ -330,13 +341,7 @@ def make_core(
 
     With a constant rate, rate-inside heavy ball equals PyTorch's/optax's rate-outside form.
     """
-    kind = opt.momentum.kind
-    if kind not in MOMENTUM_KINDS:
-        raise ScenarioError(
-            "optimizer.momentum.kind",
-            f"unknown kind {kind!r}; allowed: {', '.join(MOMENTUM_KINDS)}"
-            f"{did_you_mean(kind, MOMENTUM_KINDS)}",
-        )
+    kind = check_momentum_kind(opt.momentum.kind)
     if num_learners < 1:
         raise ValueError(f"num_learners must be >= 1, got {num_learners!r}")
     rule = get_lr_rule(opt.lr_rule)

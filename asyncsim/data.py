@@ -100,12 +100,7 @@ def register_dataset(name: str) -> Callable[[Callable[..., Dataset]], Callable[.
     An installed package can instead expose the factory under the entry-point group
     ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it.
     """
-
-    def deco(factory: Callable[..., Dataset]) -> Callable[..., Dataset]:
-        _registry.direct[name] = factory
-        return factory
-
-    return deco
+    return _registry.decorator(name)
 
 
 def available_datasets() -> list[str]:

@@ -107,12 +107,7 @@ def register_model(name: str) -> Callable[[Callable[..., Model]], Callable[..., 
     An installed package can instead expose the factory under the entry-point group
     ``asyncsim.models`` (docs/plugins.md); a name registered here wins over it.
     """
-
-    def deco(factory: Callable[..., Model]) -> Callable[..., Model]:
-        _registry.direct[name] = factory
-        return factory
-
-    return deco
+    return _registry.decorator(name)
 
 
 def available_models() -> list[str]:

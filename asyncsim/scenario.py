@@ -233,10 +233,7 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     from asyncsim import core
 
     core.get_lr_rule(o.lr_rule)  # an unknown (or unloadable) rule names optimizer.lr_rule
-    if o.momentum.kind not in core.MOMENTUM_KINDS:
-        raise ScenarioError("optimizer.momentum.kind", f"unknown momentum {o.momentum.kind!r}; "
-                            f"allowed: {', '.join(core.MOMENTUM_KINDS)}"
-                            f"{did_you_mean(o.momentum.kind, core.MOMENTUM_KINDS)}")
+    core.check_momentum_kind(o.momentum.kind)
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
     _positive("optimizer.weight_decay", o.weight_decay, allow_zero=True)

@@ -327,8 +327,10 @@ checkpoint_every = 20
 """)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     full = tmp_path / "full"
-    subprocess.run([sys.executable, "-c", SCRIPT, "run", str(scn_file), "--out", str(full),
-                    "--quiet"], check=True, env=env)
+    # The uninterrupted reference runs beside the run to be killed (each is mostly JAX import
+    # and compile time, which two cores overlap).
+    ref = subprocess.Popen([sys.executable, "-c", SCRIPT, "run", str(scn_file), "--out",
+                            str(full), "--quiet"], env=env)
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "run", str(scn_file), "--out",
                              str(killed), "--quiet"], env=env)
@@ -343,10 +345,12 @@ checkpoint_every = 20
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     if (killed / "summary.json").exists():
+        ref.wait()
         pytest.skip("the run finished before it could be killed")
     r = subprocess.run([sys.executable, "-c", SCRIPT, "run", "--resume", str(killed),
                         "--quiet"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    assert ref.wait() == 0
     import json
 
     a = json.loads((full / "summary.json").read_text())
