@@ -1,8 +1,10 @@
 """The ``asyncsim`` command line: a thin layer over the Python API.
 
-Verbs: ``trace`` (timing only), ``run`` (online numerics), ``replay`` (re-execute a trace),
-``stability`` (edge tables), ``figures`` (draw from run folders). A bad scenario exits with
-status 2 and one line on stderr naming the file, the key and what is allowed.
+Verbs: ``trace`` (timing only), ``run`` (online numerics), ``real`` (learner and PS actors
+on Ray), ``calibrate`` (fit timing models to a real run), ``compare`` (two runs' staleness),
+``replay`` (re-execute a trace), ``stability`` (edge tables), ``figures`` (draw from run
+folders). A bad scenario exits with status 2 and one line on stderr naming the file, the key
+and what is allowed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,11 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from asyncsim import __version__
+
     ap = argparse.ArgumentParser(prog="asyncsim", description=__doc__.splitlines()[0])
+    # For bug reports; a run folder's provenance.json records the package versions in full.
+    ap.add_argument("--version", action="version", version=f"asyncsim {__version__}")
     sub = ap.add_subparsers(dest="verb", required=True)
 
     p = sub.add_parser("trace", help="simulate timing only and write the run folder")

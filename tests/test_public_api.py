@@ -8,6 +8,8 @@ import pkgutil
 import sys
 import types
 
+import pytest
+
 import asyncsim
 
 
@@ -45,3 +47,17 @@ def test_import_is_lazy_and_submodules_are_reachable_as_attributes():
             "assert asyncsim.Trace.__module__ == 'asyncsim.trace'")
     subprocess.run([sys.executable, "-c", code], check=True)
     assert set(asyncsim.__all__) <= set(dir(asyncsim))
+
+
+def test_version_is_the_packages_and_the_cli_prints_it(capsys):
+    import tomllib
+    from pathlib import Path
+
+    from asyncsim.cli import main
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert asyncsim.__version__ == pyproject["project"]["version"]
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"asyncsim {asyncsim.__version__}"
