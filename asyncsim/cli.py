@@ -124,9 +124,10 @@ def _print_summary(summary: dict, keys=None) -> None:
 
 def cmd_trace(args) -> int:
     from asyncsim import runs
+
+    scn = _load(args)  # before the heavy imports: a misspelt key is reported at once
     from asyncsim.api import trace_run
 
-    scn = _load(args)
     if scn.sweep:
         return _sweep(args, scn, trace_only=True)
     out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
@@ -141,7 +142,6 @@ def cmd_trace(args) -> int:
 
 def cmd_run(args) -> int:
     from asyncsim import runs
-    from asyncsim.online import run
 
     if not args.resume and not args.scenario:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
@@ -155,6 +155,8 @@ def cmd_run(args) -> int:
         if scn.sweep:
             return _sweep(args, scn, trace_only=scn.run.trace_only)
         out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
+    from asyncsim.online import run  # JAX and pandas: after the scenario is known to be good
+
     result = run(scn, out=out, resume=bool(args.resume), force=args.force,
                  progress=not args.quiet, profile=args.profile)
     if not args.quiet:
