@@ -62,6 +62,18 @@ def test_invalid_scenarios_exit_2_with_one_line(tmp_path, capsys, text, key, all
     assert not out.exists()
 
 
+@pytest.mark.parametrize("verb", ["trace", "run"])
+def test_a_misspelt_key_is_reported_before_jax_is_imported(tmp_path, verb):
+    # The error a scenario author meets most: it should not wait for JAX and pandas to load.
+    path = write(tmp_path, GOOD + "\nbogus = 1\n")
+    code = ("import sys; from asyncsim.cli import main; "
+            f"rc = main([{verb!r}, {str(path)!r}, '--out', {str(tmp_path / 'o')!r}]); "
+            "print(rc, 'jax' in sys.modules, 'pandas' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.split() == ["2", "False", "False"], (r.stdout, r.stderr)
+    assert "run.bogus" in r.stderr
+
+
 @pytest.mark.parametrize("text,key,hint", [
     (GOOD.replace("[run]", "[run]\nupdate = 5\n#"), "run.update", "'updates'"),
     (GOOD.replace('"softsync"', '"soft_sync"'), "protocol.kind", "'softsync'"),
