@@ -89,7 +89,7 @@ class Simulation:
                  on_update: OnUpdate | None = None, track_reads: bool = False,
                  base_dir=None):
         self.scenario = scenario
-        self.seed = scenario.seed
+        self.seed = scenario.timing_seed
         self.env = simpy.Environment()
         c = scenario.cluster
         self.learners = c.learners

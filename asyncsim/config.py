@@ -56,6 +56,10 @@ class ClusterConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     # PS service time per message (serialised pushes and pulls, like P1's blocking MPI calls).
     ps_service: Dist | None = None
+    # Seed of the timing streams (compute times, links, PS service, schedules); None: the
+    # scenario's `seed`. Fix it to vary the numerics' seed (data, init, batch order) over one
+    # timeline: a sweep over `seed` then shares one trace (Scenario.timing_seed).
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,11 @@ class Scenario:
     # Set by the loader, never by a file: the scenario file this came from (relative paths in
     # it, e.g. an empirical delay CSV, resolve against its folder).
     source: str | None = None
+
+    @property
+    def timing_seed(self) -> int:
+        """The seed of the timing streams: ``cluster.seed`` if set, else ``seed``."""
+        return self.seed if self.cluster.seed is None else self.cluster.seed
 
 
 # Tables whose unknown keys go into `options` instead of being rejected.

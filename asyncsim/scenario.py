@@ -196,6 +196,11 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     """Cross-field checks: registries, ranges, protocol parameters against the cluster."""
     from asyncsim import delays, protocols
 
+    for key, seed in (("seed", scn.seed), ("cluster.seed", scn.cluster.seed)):
+        # numpy's SeedSequence takes no negative seed, and JAX keys keep 32 bits: seed 2**32
+        # would silently give seed 0's batches.
+        if seed is not None and not 0 <= seed < 2**32:
+            raise ScenarioError(key, f"must be an integer in 0..{2**32 - 1}, got {seed}")
     c = scn.cluster
     lam = c.learners
     if lam < 1 or lam > 100_000:

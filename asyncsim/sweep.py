@@ -42,10 +42,14 @@ HEADLINE = ("final_test_error", "final_train_loss", "diverged", "diverged_at",
 
 
 def timing_key(scn: Scenario) -> str:
-    """What fixes a scenario's timeline: everything but its numerics (optimizer, name)."""
+    """What fixes a scenario's timeline: everything but its numerics (optimizer, name), with
+    the seed of the timing streams (:attr:`Scenario.timing_seed`) in place of ``seed``: under
+    a fixed ``cluster.seed``, points that differ in ``seed`` share one trace."""
     d = to_dict(scn)
     for k in ("optimizer", "name", "description", "figure", "source", "sweep"):
         d.pop(k, None)
+    d["seed"] = scn.timing_seed
+    d["cluster"] = {k: v for k, v in d["cluster"].items() if k != "seed"}
     run = dict(d.get("run", {}))
     for k in ("eval_every", "eval_samples", "checkpoint_every"):
         run.pop(k, None)

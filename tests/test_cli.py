@@ -41,6 +41,9 @@ def write(tmp_path, text, name="s.toml"):
     (GOOD.replace('"exponential"', '"gama"'), "cluster.compute.dist", "allowed: "),
     (GOOD.replace('"softsync"', '"sofsync"'), "protocol.kind", "allowed: async"),
     (GOOD.replace("updates = 50", "updates = -5"), "run.updates", "positive"),
+    (GOOD.replace("seed = 1", "seed = -1"), "seed", "0..4294967295"),
+    (GOOD.replace("learners = 4", "learners = 4\nseed = 4294967296"), "cluster.seed",
+     "0..4294967295"),  # JAX keys keep 32 bits: it would collide with seed 0
     (GOOD + "\n[cluster.network.push]\nbandwidth = 0.0\n", "cluster.network.push.bandwidth",
      "positive"),
     (GOOD.replace("[run]", "[run]\ngradients = 4"), "run.", "one run length"),

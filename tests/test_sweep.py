@@ -113,6 +113,27 @@ def test_sweep_points_one_by_one_equal_independent_runs(tmp_path):
         assert run(single).summary["param_hash"] == row["param_hash"]
 
 
+def test_a_seed_sweep_over_a_fixed_timing_seed_shares_one_trace(tmp_path):
+    # cluster.seed fixes the timeline; `seed` then varies only the numerics (data, init,
+    # batch order): one trace, and each point equals its own independent online run.
+    from asyncsim.online import run
+
+    fixed = {**BASE, "cluster": {**BASE["cluster"], "seed": 5}}
+    scn = load_scenario({**fixed, "sweep": {"seed": [0, 1]}})
+    assert [it["group"] for it in plan(scn)] == [0, 0]
+    index = run_sweep(scn, tmp_path / "sw")
+    assert index["shared_trace"].all() and not index["vmapped"].any()
+    assert index["trace_hash"].nunique() == 1 and index["param_hash"].nunique() == 2
+    for it, (_, row) in zip(plan(scn), index.iterrows(), strict=True):
+        assert run(it["scenario"]).summary["param_hash"] == row["param_hash"]
+    # The timeline is the one `seed = 5` gives; without cluster.seed each seed has its own.
+    assert simulate(load_scenario(fixed)).hash() == simulate(
+        load_scenario({**BASE, "seed": 5})).hash()
+    free = load_scenario({**BASE, "sweep": {"seed": [0, 1]}})
+    assert [it["group"] for it in plan(free)] == [0, 1]
+    assert len({simulate(it["scenario"]).hash() for it in plan(free)}) == 2
+
+
 def test_a_tau_sweep_moves_the_fixed_delay_worker_count():
     scn = load_scenario({"protocol": {"kind": "fixed-delay", "tau": 1},
                          "sweep": {"protocol.tau": [0, 3, 8]}, "run": {"updates": 30}})
