@@ -20,6 +20,7 @@ import pandas as pd
 from asyncsim import runs
 from asyncsim.cluster import Simulation, run_length
 from asyncsim.config import Scenario
+from asyncsim.errors import ScenarioError
 from asyncsim.scenario import base_dir
 from asyncsim.trace import Trace
 
@@ -91,7 +92,11 @@ def trace_run(scn: Scenario, out: str | Path | None = None, *, force: bool = Fal
     """Simulate timing only; with ``out``, write the run folder (summary.json last)."""
     folder = runs.prepare(out, force=force) if out is not None else None
     t0 = time.perf_counter()
-    trace = simulate(scn, progress=progress)
+    try:
+        trace = simulate(scn, progress=progress)
+    except ScenarioError:  # e.g. a delay model's draw that is not a finite duration
+        runs.discard_unstarted(folder)
+        raise
     wall = time.perf_counter() - t0
     summary = {"name": scn.name, "seed": scn.seed, "kind": "trace", **trace_summary(trace),
                "wall_time": wall, "stop_reason": trace.meta.get("stop_reason")}

@@ -272,12 +272,21 @@ def _sweep(args, scn, *, trace_only: bool) -> int:
     return 0
 
 
+def _scenario_file(args) -> str | None:
+    """The scenario file a verb works from: its argument, or a run folder's scenario.toml."""
+    if getattr(args, "scenario", None):
+        return str(args.scenario)
+    folder = getattr(args, "resume", None) or getattr(args, "run_dir", None)
+    return str(Path(folder) / "scenario.toml") if folder else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ScenarioError as e:
-        print(f"asyncsim: error: {e}", file=sys.stderr)
+        # Errors found while running (a delay model's bad draw) know their key, not the file.
+        print(f"asyncsim: error: {e.with_file(_scenario_file(args))}", file=sys.stderr)
         return EXIT_USAGE
     except RunFolderError as e:
         print(f"asyncsim: error: {e}", file=sys.stderr)

@@ -110,15 +110,16 @@ class Simulation:
                 models[key] = delays.make_delay(specs[i], key="cluster.compute", base_dir=base_dir)
             self.compute.append(delays.DelayStream(
                 models[key], stream_rng(self.seed, STREAM_COMPUTE, i), i, scale=1.0 / speed[i],
-                block=_BLOCK))
-        self.pull = [self._link(c.network.pull, STREAM_PULL, i, msg_bytes, base_dir)
+                block=_BLOCK,
+                key=f"cluster.compute[{i}]" if isinstance(c.compute, tuple) else "cluster.compute"))
+        self.pull = [self._link(c.network.pull, "pull", STREAM_PULL, i, msg_bytes, base_dir)
                      for i in range(c.learners)]
-        self.push = [self._link(c.network.push, STREAM_PUSH, i, msg_bytes, base_dir)
+        self.push = [self._link(c.network.push, "push", STREAM_PUSH, i, msg_bytes, base_dir)
                      for i in range(c.learners)]
         if c.ps_service is not None:
             self.service = delays.DelayStream(
                 delays.make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir),
-                stream_rng(self.seed, STREAM_SERVICE, _PS), _PS)
+                stream_rng(self.seed, STREAM_SERVICE, _PS), _PS, key="cluster.ps_service")
             self.ps = simpy.Resource(self.env, capacity=1)
         else:
             self.service = None
@@ -142,14 +143,15 @@ class Simulation:
         self._max_gradients: int | None = None
         self._progress = None
 
-    def _link(self, cfg, stream, learner, msg_bytes, base_dir):
-        model = delays.make_delay(cfg.latency, key="cluster.network.latency", base_dir=base_dir)
+    def _link(self, cfg, direction, stream, learner, msg_bytes, base_dir):
+        key = f"cluster.network.{direction}.latency"
+        model = delays.make_delay(cfg.latency, key=key, base_dir=base_dir)
         nbytes = cfg.bytes if cfg.bytes is not None else (msg_bytes or 0)
         fixed = 0.0 if math.isinf(cfg.bandwidth) else nbytes / cfg.bandwidth
         if isinstance(model, delays.Constant) and getattr(model, "value", None) == 0.0:
             return _Zero if fixed == 0.0 else _Const(fixed)
         return _Link(delays.DelayStream(model, stream_rng(self.seed, stream, learner), learner,
-                                        block=_BLOCK),
+                                        block=_BLOCK, key=key),
                      fixed)
 
     # ------------------------------------------------------------------ hooks for protocols
@@ -163,7 +165,8 @@ class Simulation:
         """fixed-delay ``normal`` schedule: normal step times, mean 1, cv ``protocol.cv``."""
         cv = self.scenario.protocol.cv
         return delays.DelayStream(delays.make_delay({"dist": "normal", "mean": 1.0, "std": cv}),
-                                  stream_rng(self.seed, STREAM_SCHEDULE, learner), learner)
+                                  stream_rng(self.seed, STREAM_SCHEDULE, learner), learner,
+                                  key="protocol.cv")
 
     def note_pull(self, learner: int, version: int) -> None:
         if self.track_reads:

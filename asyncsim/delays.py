@@ -664,14 +664,19 @@ class DelayStream:
                 yield from scale * model.sample_block(rng, learner, size)
                 size = min(2 * size, block)
 
+    ``key`` is the scenario key the model came from (``cluster.compute``, ...), for messages.
+
     Raises:
-        ValueError: if the model returns a negative, NaN or infinite duration (a plug-in bug,
-            reported here rather than as SimPy's "negative delay").
+        ScenarioError: (a ValueError) under ``key`` if the model returns a negative, NaN or
+            infinite duration (a plug-in bug, or parameters whose draws overflow, e.g. an
+            exponential of mean 1e308), reported here rather than as SimPy's "negative
+            delay" deep inside a run.
     """
 
     FIRST_BLOCK = 64
 
-    __slots__ = ("model", "rng", "learner", "scale", "block", "_td", "_size", "_buf", "_i", "_n")
+    __slots__ = ("model", "rng", "learner", "scale", "block", "key", "_td", "_size", "_buf",
+                 "_i", "_n")
 
     def __init__(
         self,
@@ -681,6 +686,7 @@ class DelayStream:
         *,
         scale: float = 1.0,
         block: int = 4096,
+        key: str = "",
     ) -> None:
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale: must be a positive finite number, got {scale!r}")
@@ -691,6 +697,7 @@ class DelayStream:
         self.learner = learner
         self.scale = float(scale)
         self.block = block
+        self.key = key
         self._td = bool(model.time_dependent)
         self._size = min(self.FIRST_BLOCK, block)
         self._buf: list[float] = []
@@ -709,7 +716,7 @@ class DelayStream:
         if self._td:
             d = float(self.model.sample(self.rng, self.learner, now)) * self.scale
             if not 0.0 <= d < math.inf:
-                raise ValueError(self._bad(d))
+                raise self._bad(d, now)
             return d
         size = self._size
         self._size = min(2 * size, self.block)
@@ -723,15 +730,14 @@ class DelayStream:
             block = block * self.scale
         ok = np.isfinite(block) & (block >= 0.0)
         if not ok.all():
-            raise ValueError(self._bad(float(block[np.argmin(ok)])))
+            raise self._bad(float(block[np.argmin(ok)]), now)
         # Python floats: cheaper to index than numpy scalars, and to add to SimPy times.
         self._buf = block.tolist()
         self._n = size
         self._i = 1
         return self._buf[0]
 
-    def _bad(self, d: float) -> str:
-        return (
-            f"delay model {type(self.model).__name__} returned {d!r} for learner "
-            f"{self.learner}; durations must be finite and >= 0"
-        )
+    def _bad(self, d: float, now: float) -> ScenarioError:
+        return ScenarioError(self.key, f"delay model {type(self.model).__name__} returned {d!r} "
+                             f"for learner {self.learner} (drawn at simulated time {now:.6g}); "
+                             "durations must be finite and >= 0")

@@ -17,11 +17,16 @@ class ScenarioError(ValueError):
     ``scenarios/x.toml: protocol.n: must be an integer in 1..8 (cluster.learners), got 12``.
     """
 
-    def __init__(self, key: str, message: str, *, file: str | None = None):
+    def __init__(self, key: str, message: str, file: str | None = None):
         self.key = key
         self.message = message
         self.file = file
-        super().__init__(self._render())
+        # args rebuild the error: SimPy re-raises a process's exception as type(e)(*e.args),
+        # and pickling (Ray) does the same.
+        super().__init__(key, message, file)
+
+    def __str__(self) -> str:
+        return self._render()
 
     def _render(self) -> str:
         where = self.file or "<scenario>"

@@ -35,6 +35,7 @@ from asyncsim.cluster import Simulation, run_length
 from asyncsim.config import Scenario
 from asyncsim.core import CoreState, param_hash
 from asyncsim.engine import EvalRecord, Numerics
+from asyncsim.errors import ScenarioError
 from asyncsim.scenario import base_dir
 from asyncsim.trace import Trace
 
@@ -333,6 +334,10 @@ def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
                            unit="upd", mininterval=0.5, leave=False, disable=None)
     try:
         trace = sim.run(**limits)
+    except ScenarioError:  # e.g. a delay model's draw that is not a finite duration
+        if not resume:
+            runs.discard_unstarted(folder)
+        raise
     finally:
         if driver.pbar is not None:
             driver.pbar.close()

@@ -130,6 +130,23 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
     return folder
 
 
+# What a run writes before its first update: a folder holding only these has no results.
+START_FILES = frozenset({"scenario.toml", "provenance.json"})
+
+
+def discard_unstarted(folder: Path | None) -> None:
+    """Remove ``folder`` if it holds nothing but :data:`START_FILES` (a run that stopped on a
+    scenario error before producing anything), so bad input leaves no half-written folder;
+    a folder with checkpoints or metrics is kept."""
+    if folder is None or not folder.is_dir():
+        return
+    entries = list(folder.iterdir())
+    if all(p.name in START_FILES and p.is_file() for p in entries):
+        for p in entries:
+            p.unlink()
+        folder.rmdir()
+
+
 def _remove(p: Path) -> None:
     if p.is_dir():
         for q in p.iterdir():

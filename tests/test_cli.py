@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tomllib
@@ -103,6 +104,60 @@ def test_did_you_mean_prefers_a_unique_prefix_and_stays_quiet_when_nothing_is_cl
     assert did_you_mean("zzz", figures) == ""
     assert did_you_mean("p2_f3", figures) == ""  # an allowed name needs no hint
     assert did_you_mean(3, figures) == ""
+
+
+@pytest.mark.parametrize("verb", ["trace", "run"])
+def test_a_delay_whose_draws_overflow_is_a_one_line_error_and_leaves_no_folder(
+        tmp_path, capsys, verb):
+    # A valid mean, but exponential draws of mean 1e308 overflow to inf at the first sample.
+    path = write(tmp_path, GOOD.replace("mean = 1.0", "mean = 1e308")
+                 + '\n[model]\nname = "mlp"\nhidden = [4]\n[data]\nbatch_size = 4\n'
+                 'n_train = 64\nn_test = 16\n')
+    out = tmp_path / "out"
+    assert main([verb, str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: cluster.compute: delay model Exponential returned inf" in err, err
+    assert not out.exists()
+
+
+def test_a_plugin_delay_that_turns_nan_mid_run_names_its_key_and_keeps_the_checkpoints(
+        tmp_path, capsys, monkeypatch):
+    from asyncsim import delays
+
+    class SpoilsAfter5(delays.DelayModel):  # a user's model with a bug that shows at t > 5
+        time_dependent = True
+
+        def sample(self, rng, learner, now):
+            return math.nan if now > 5.0 else 0.01
+
+    monkeypatch.setattr(delays._registry, "direct", dict(delays._registry.direct))
+    delays.register_delay("spoils-test")(SpoilsAfter5)
+    path = write(tmp_path, GOOD.replace("updates = 50", "updates = 50\ncheckpoint_every = 2")
+                 + '\n[cluster.network.push]\nlatency = { dist = "spoils-test" }\n'
+                 '[model]\nname = "mlp"\nhidden = [4]\n[data]\nbatch_size = 4\n'
+                 'n_train = 64\nn_test = 16\n')
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: cluster.network.push.latency: delay model SpoilsAfter5 returned nan" in err
+    # Updates before the bad draw were checkpointed: the folder is kept, unfinished.
+    assert out.is_dir() and not (out / "summary.json").exists()
+    assert set(p.name for p in out.iterdir()) - {"scenario.toml", "provenance.json"}
+
+
+def test_scenario_errors_survive_being_rebuilt_from_their_args_and_pickled():
+    # SimPy re-raises a process's exception as type(e)(*e.args); Ray pickles it.
+    import pickle
+
+    from asyncsim.errors import ScenarioError
+
+    e = ScenarioError("protocol.n", "too big", file="x.toml")
+    for again in (type(e)(*e.args), pickle.loads(pickle.dumps(e))):
+        assert str(again) == str(e) == "x.toml: protocol.n: too big"
+        assert (again.key, again.message, again.file) == ("protocol.n", "too big", "x.toml")
+    assert str(ScenarioError("", "no key")) == "<scenario>: no key"
 
 
 def test_unreadable_files(tmp_path, capsys):
