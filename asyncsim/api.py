@@ -20,7 +20,6 @@ import pandas as pd
 from asyncsim import runs
 from asyncsim.cluster import Simulation, run_length
 from asyncsim.config import Scenario
-from asyncsim.errors import ScenarioError
 from asyncsim.scenario import base_dir
 from asyncsim.trace import Trace
 
@@ -63,9 +62,10 @@ def message_bytes(scn: Scenario) -> int | None:
         return None
     import jax
 
-    from asyncsim.models import get_model, num_params
+    from asyncsim.engine import build_model
+    from asyncsim.models import num_params
 
-    model = get_model(scn.model.name, **scn.model.options)
+    model = build_model(scn)  # a ScenarioError under `model` for an option it refuses
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     return 4 * num_params(shapes)
 
@@ -92,11 +92,8 @@ def trace_run(scn: Scenario, out: str | Path | None = None, *, force: bool = Fal
     """Simulate timing only; with ``out``, write the run folder (summary.json last)."""
     folder = runs.prepare(out, force=force) if out is not None else None
     t0 = time.perf_counter()
-    try:
+    with runs.removed_on_scenario_error(folder):  # e.g. a delay model's non-finite draw
         trace = simulate(scn, progress=progress)
-    except ScenarioError:  # e.g. a delay model's draw that is not a finite duration
-        runs.discard_unstarted(folder)
-        raise
     wall = time.perf_counter() - t0
     summary = {"name": scn.name, "seed": scn.seed, "kind": "trace", **trace_summary(trace),
                "wall_time": wall, "stop_reason": trace.meta.get("stop_reason")}

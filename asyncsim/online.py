@@ -35,7 +35,6 @@ from asyncsim.cluster import Simulation, run_length
 from asyncsim.config import Scenario
 from asyncsim.core import CoreState, param_hash
 from asyncsim.engine import EvalRecord, Numerics
-from asyncsim.errors import ScenarioError
 from asyncsim.scenario import base_dir
 from asyncsim.trace import Trace
 
@@ -312,6 +311,12 @@ def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
         ``diverged``, ``diverged_at``, ``param_hash``, ``wall_time``.
     """
     folder = runs.prepare(out, resume=resume, force=force) if out is not None else None
+    with runs.removed_on_scenario_error(folder, resume=resume):
+        return _run(scn, folder, resume, progress, profile, grouping, numerics)
+
+
+def _run(scn, folder, resume, progress, profile, grouping, numerics) -> RunResult:
+    """:func:`run` once its folder is prepared."""
     t0 = time.perf_counter()
     num = numerics or Numerics(scn, grouping=grouping)
     start = None
@@ -334,10 +339,6 @@ def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
                            unit="upd", mininterval=0.5, leave=False, disable=None)
     try:
         trace = sim.run(**limits)
-    except ScenarioError:  # e.g. a delay model's draw that is not a finite duration
-        if not resume:
-            runs.discard_unstarted(folder)
-        raise
     finally:
         if driver.pbar is not None:
             driver.pbar.close()

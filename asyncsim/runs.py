@@ -20,6 +20,7 @@ unfinished run: ``asyncsim run --resume DIR`` continues it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from asyncsim.config import Scenario, to_dict
+from asyncsim.errors import ScenarioError
 
 SUMMARY = "summary.json"
 
@@ -132,6 +134,19 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
 
 # What a run writes before its first update: a folder holding only these has no results.
 START_FILES = frozenset({"scenario.toml", "provenance.json"})
+
+
+@contextlib.contextmanager
+def removed_on_scenario_error(folder: Path | None, *, resume: bool = False):
+    """Around the part of a run that can still find bad input (building the model and data
+    set, a delay model's draws): on a :class:`ScenarioError`, :func:`discard_unstarted` a
+    folder this run created, then re-raise."""
+    try:
+        yield
+    except ScenarioError:
+        if not resume:
+            discard_unstarted(folder)
+        raise
 
 
 def discard_unstarted(folder: Path | None) -> None:

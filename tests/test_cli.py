@@ -121,6 +121,20 @@ def test_a_delay_whose_draws_overflow_is_a_one_line_error_and_leaves_no_folder(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("verb", ["trace", "run"])
+def test_a_model_option_the_factory_refuses_leaves_no_folder(tmp_path, capsys, verb):
+    # Option names are checked on load; values by the model's factory, when it is built
+    # (for `trace`, only when a finite bandwidth needs the model's size).
+    path = write(tmp_path, GOOD + '\n[cluster.network.push]\nbandwidth = 1e9\n'
+                 '[model]\nname = "mlp"\nhidden = [-1]\n[data]\nbatch_size = 4\n'
+                 'n_train = 64\nn_test = 16\n')
+    out = tmp_path / "out"
+    assert main([verb, str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{path}: model: model 'mlp': hidden" in err, err
+    assert not out.exists()
+
+
 def test_a_plugin_delay_that_turns_nan_mid_run_names_its_key_and_keeps_the_checkpoints(
         tmp_path, capsys, monkeypatch):
     from asyncsim import delays
