@@ -162,7 +162,8 @@ def _describe(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in typing.get_args(tp))
     if origin is tuple:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
+        inner = typing.get_args(tp)[0]
+        return "a list" if inner is Any else f"a list of {_describe(inner)}"
     if origin in (Mapping, dict) or tp is Mapping:
         return "a table"
     if dataclasses.is_dataclass(tp):

@@ -42,6 +42,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ScenarioError(item, "an override must look like KEY=VALUE, e.g. protocol.n=4")
     key, raw = item.split("=", 1)
     key, raw = key.strip(), raw.strip()
+    if not key:
+        raise ScenarioError(item, "an override must look like KEY=VALUE, e.g. protocol.n=4")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -127,6 +129,14 @@ def resolve_raw(
             raw = _merge(raw, profiles.get(profile, {}))
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
+        if key.startswith("sweep.") and len(key) > len("sweep."):
+            # The rest is one sweep key, dots and all: --set sweep.protocol.n=[1,2] (or
+            # sweep."protocol.n", as in TOML) adds the grid "protocol.n" = [1, 2].
+            sweep = raw.get("sweep")
+            sweep = dict(sweep) if isinstance(sweep, Mapping) else {}
+            sweep[key[len("sweep."):].strip('"')] = value
+            raw["sweep"] = sweep
+            continue
         set_dotted(raw, key, value)
     if seed is not None:
         raw["seed"] = seed

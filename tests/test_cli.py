@@ -225,6 +225,21 @@ def test_override_errors_name_the_key(tmp_path, capsys):
     assert "protocol.q: unknown key" in capsys.readouterr().err
     assert main(["trace", str(path), "--set", "novalue"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["trace", str(path), "--set", "=3"]) == 2
+    assert "=3: an override must look like KEY=VALUE" in capsys.readouterr().err
+    assert main(["trace", str(path), "--set", "sweep.seed=x"]) == 2
+    assert "sweep.seed: must be a list, got 'x'" in capsys.readouterr().err
+
+
+def test_set_adds_a_sweep_grid_whose_key_has_dots():
+    from asyncsim.scenario import load_scenario
+    from asyncsim.sweep import plan
+
+    for item in ("sweep.protocol.n=[1, 2]", 'sweep."protocol.n"=[1, 2]'):
+        scn = load_scenario(tomllib.loads(GOOD), overrides=[item, "sweep.seed=[3]"])
+        assert dict(scn.sweep) == {"protocol.n": (1, 2), "seed": (3,)}
+        assert [(it["scenario"].protocol.n, it["scenario"].seed) for it in plan(scn)] == [
+            (1, 3), (2, 3)]
 
 
 def test_trace_sweep_and_figure(tmp_path, capsys):
