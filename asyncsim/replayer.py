@@ -256,6 +256,10 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     run_dir = runs.require_run_folder(run_dir)
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
     changed = trace_fixed_changes(load_scenario(run_dir / "scenario.toml"), scn)
+    if changed and changed[0].split(".")[0] == "sweep":
+        raise ScenarioError(changed[0], "a replay re-executes one run's trace; a sweep grid "
+                            "belongs in a scenario for asyncsim run (whose points replay "
+                            "a shared trace where only numerics vary)", file="asyncsim replay")
     if changed:
         # Accepting these would write a replay folder whose scenario.toml disagrees with the
         # trace it actually executed.
