@@ -257,7 +257,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
     changed = trace_fixed_changes(load_scenario(run_dir / "scenario.toml"), scn)
     if changed and changed[0].split(".")[0] == "sweep":
-        raise ScenarioError(changed[0], "a replay re-executes one run's trace; a sweep grid "
+        raise ScenarioError("sweep", "a replay re-executes one run's trace; a sweep grid "
                             "belongs in a scenario for asyncsim run (whose points replay "
                             "a shared trace where only numerics vary)", file="asyncsim replay")
     if changed:

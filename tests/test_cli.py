@@ -320,7 +320,7 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     assert main(["replay", str(src), "--out", str(out), "--set", "run={updates=5}"]) == 2
     assert "run.updates: is timing" in capsys.readouterr().err and not out.exists()
     assert main(["replay", str(src), "--out", str(out), "--set", "sweep.seed=[1,2]"]) == 2
-    assert "sweep.seed: a replay re-executes one run's trace" in capsys.readouterr().err
+    assert "sweep: a replay re-executes one run's trace" in capsys.readouterr().err
     assert not out.exists()
 
     (src / "summary.json").unlink()  # as a killed run leaves it
