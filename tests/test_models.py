@@ -189,7 +189,7 @@ def test_linear_is_least_squares():
 
 _SMALL = [
     ("cifar10-full", {}),
-    ("resnet20", {"norm": "none"}),
+    pytest.param("resnet20", {"norm": "none"}, marks=pytest.mark.slow),  # ~11 s to compile
     ("mlp", {"hidden": [16]}),
     ("quadratic", {"dim": 5, "noise": 0.5}),
     ("linear", {}),

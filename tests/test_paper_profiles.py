@@ -43,7 +43,9 @@ def check_runs_and_replays(scn: asyncsim.Scenario) -> None:
     assert again.summary["param_hash"] == s["param_hash"]
 
 
-@pytest.mark.parametrize("name", ["p1_f2_speedup", "p1_f3_lr_modulation"])
+@pytest.mark.parametrize("name", [
+    pytest.param("p1_f2_speedup", marks=pytest.mark.slow),  # 30 x 3 gradients: ~16 s
+    "p1_f3_lr_modulation"])
 def test_p1_paper_profile_mechanics(name):
     scn = paper_point(name)
     assert scn.model.name == "cifar10-full" and scn.model.options.get("init") == "caffe"
