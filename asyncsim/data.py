@@ -477,7 +477,10 @@ def _read_batches(source: Path) -> dict[str, dict]:
                 assert fobj is not None
                 out[name] = _unpickle(fobj.read())
     except (tarfile.TarError, EOFError, pickle.UnpicklingError) as err:
-        raise DataError(f"cannot read CIFAR10 tarball {source}: {err}") from err
+        # One line: tarfile's "could not be opened" lists every method it tried on its own line.
+        why = "; ".join(x.strip(" -").rstrip(":") for x in str(err).splitlines() if x.strip())
+        raise DataError(f"cannot read CIFAR10 tarball {source} (expected the python version, "
+                        f"cifar-10-python.tar.gz): {why}") from err
     return out
 
 

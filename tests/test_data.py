@@ -255,6 +255,12 @@ def test_cifar10_missing_is_a_clear_error_without_network(tmp_path, monkeypatch)
         get_dataset("cifar10", seed=0)
     with pytest.raises(DataError, match="does not exist"):
         get_dataset("cifar10", seed=0, path=str(tmp_path / "nope.tar.gz"))
+    # A file that is not a tarball: one line (tarfile's own message spans five).
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not a tarball\n" * 8)
+    with pytest.raises(DataError, match="expected the python version") as e:
+        get_dataset("cifar10", seed=0, path=str(junk))
+    assert "\n" not in str(e.value) and "not a gzip file" in str(e.value)
 
 
 def test_cifar10_canonical_checksum_constant():
