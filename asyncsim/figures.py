@@ -22,12 +22,6 @@ REPO = Path(__file__).resolve().parent.parent
 ANALYSIS = REPO / "analysis"
 
 
-def available_figures() -> list[str]:
-    if not ANALYSIS.is_dir():
-        return []
-    return sorted(p.stem for p in ANALYSIS.glob("p[0-9]_f*.py"))
-
-
 def drawable_figures() -> list[str]:
     """Every figure name ``asyncsim figures NAME`` and ``[figure] name`` accept: the
     modules of analysis/ (those starting with ``_`` are shared helpers)."""
@@ -53,6 +47,21 @@ def sweep_dir(name: str, runs_dir: str | Path = "runs", profile: str | None = No
     return Path(runs_dir) / f"{name}{suffix}"
 
 
+def figure_runs(name: str, runs_dir: str | Path = "runs",
+                profile: str | None = None) -> Path | None:
+    """Where ``asyncsim run scenarios/NAME.toml [--profile P]`` left what figure NAME is
+    drawn from: the sweep folder ``runs/NAME[-P]``, or for a single-run scenario such as the
+    quickstart its run folder ``runs/NAME[-P]/seedN`` (the lowest seed there); None if
+    there is no such folder."""
+    d = sweep_dir(name, runs_dir, profile)
+    if not d.is_dir():
+        return None
+    if (d / "index.csv").exists() or (d / "summary.json").exists():
+        return d
+    seeds = [p for p in d.glob("seed*") if p.name[4:].isdigit() and (p / "summary.json").exists()]
+    return min(seeds, key=lambda p: int(p.name[4:])) if seeds else d
+
+
 def draw_figure(name: str, sweep: str | Path, out: str | Path = "figures") -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -69,12 +78,16 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
             raise ScenarioError("", f"unknown figure {name!r}; figures: "
                                 f"{', '.join(drawable) or '(none)'}"
                                 f"{did_you_mean(name, drawable)}", file=name)
-    for name in names or available_figures():
-        d = sweep_dir(name, runs_dir, profile)
-        if not d.exists():
+    for name in names or drawable:
+        d = figure_runs(name, runs_dir, profile)
+        if d is None:
             if names:
-                raise ScenarioError("", f"no runs in {d}; run `asyncsim run scenarios/{name}.toml`"
-                                    " first", file=name)
+                raise ScenarioError("", f"no runs in {sweep_dir(name, runs_dir, profile)}; run "
+                                    f"`asyncsim run scenarios/{name}.toml` first", file=name)
             continue
         written += draw_figure(name, d, out)
+    if not names and not written:
+        raise ScenarioError("", f"no figure to draw: {Path(runs_dir)} holds runs of none of "
+                            f"{', '.join(drawable)}; run `asyncsim run scenarios/NAME.toml` "
+                            "first", file="asyncsim figures")
     return written

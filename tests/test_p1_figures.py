@@ -112,3 +112,18 @@ def test_f4_scenario_and_alexnet():
     params = jax.jit(small.init)(jax.random.PRNGKey(0))  # jitted: op by op takes ~3x longer
     x = jax.numpy.zeros((2, 67, 67, 3))
     assert jax.jit(small.apply)(params, x).shape == (2, 10)
+
+
+def test_asyncsim_figures_finds_a_single_run_scenarios_run_folder(tmp_path, monkeypatch, capsys):
+    # `asyncsim run scenarios/quickstart.toml` writes runs/quickstart[-P]/seed0 (not a sweep);
+    # `asyncsim figures` redraws from it by name and by default, and says when nothing is there.
+    monkeypatch.chdir(tmp_path)
+    assert main(["figures", "--profile", "smoke"]) == 2
+    assert "no figure to draw: runs holds runs of none of" in capsys.readouterr().err
+    assert main(["run", str(REPO / "scenarios" / "quickstart.toml"), "--profile", "smoke",
+                 "--set", 'model={name="mlp", hidden=[4]}', "--quiet"]) == 0
+    assert (tmp_path / "runs" / "quickstart-smoke" / "seed0" / "summary.json").exists()
+    for args in (["quickstart"], []):
+        out = tmp_path / f"figs{len(args)}"
+        assert main(["figures", *args, "--profile", "smoke", "--out", str(out)]) == 0
+        assert (out / "quickstart.png").stat().st_size > 1000
