@@ -336,6 +336,40 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     assert "timing-only trace" in line and s["matches_source"] is None
 
 
+def test_replay_scan_of_uneven_updates_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from asyncsim import protocols
+
+    class OneThenTwo(protocols.Protocol):  # updates of 1, 2, 1, 2, ... gradients
+        def __init__(self, cfg, learners):
+            super().__init__(cfg, learners)
+            self.buffer, self.take = [], 1
+
+        def updates_per_gradient(self):
+            return 2 / 3
+
+        def on_arrival(self, sim, grad):
+            self.buffer.append(grad)
+            if len(self.buffer) == self.take:
+                batch, self.buffer, self.take = self.buffer, [], 3 - self.take
+                sim.apply_update(batch)
+
+    monkeypatch.setattr(protocols._registry, "direct", dict(protocols._registry.direct))
+    protocols.register_protocol("one-then-two-test")(OneThenTwo)
+    path = write(tmp_path, GOOD.replace('kind = "softsync"\nn = 2', 'kind = "one-then-two-test"')
+                 .replace("updates = 50", "updates = 6")
+                 + '\n[model]\nname = "mlp"\nhidden = [4]\n[data]\nbatch_size = 4\n'
+                 'n_train = 64\nn_test = 16\n')
+    src = tmp_path / "src"
+    assert main(["run", str(path), "--out", str(src), "--quiet"]) == 0
+    assert main(["replay", str(src), "--path", "scan", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--path: scan needs the same number of gradients in " \
+        "every update; this trace's updates take 1 to 2: use --path loop (or auto)" in err, err
+    assert not (src / "replay").exists()
+    assert main(["replay", str(src), "--path", "auto", "--quiet"]) == 0
+    assert json.loads((src / "replay" / "summary.json").read_text())["matches_source"]
+
+
 def test_commands_on_what_is_not_a_run_folder_say_so_in_one_line(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     (sweep / "p000").mkdir(parents=True)
