@@ -99,7 +99,7 @@ def trace_run(scn: Scenario, out: str | Path | None = None, *, force: bool = Fal
                "wall_time": wall, "stop_reason": trace.meta.get("stop_reason")}
     if folder is not None:
         runs.write_scenario(folder, scn)
-        runs.write_provenance(folder, scn)
+        runs.write_provenance(folder, scn, driver="trace")
         trace.save(folder)
         runs.write_summary(folder, summary)
     return TraceResult(trace, summary, folder)

@@ -820,7 +820,7 @@ def real_command(args) -> int:
     if args.resume:
         from asyncsim.scenario import load_scenario
 
-        out = runs.resume_folder(args.resume)
+        out = runs.resume_folder(args.resume, driver="real")
         scn = load_scenario(out / "scenario.toml")
     else:
         if not args.scenario:

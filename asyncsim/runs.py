@@ -15,7 +15,9 @@ Layout (DESIGN.md, "Runs and outputs")::
 
 Every file is written to a temporary name and renamed into place (atomic on POSIX), so a
 reader sees either the old or the new file. A folder without ``summary.json`` is an
-unfinished run: ``asyncsim run --resume DIR`` continues it.
+unfinished run: ``asyncsim run --resume DIR`` continues an online run (``asyncsim real
+--resume DIR`` a real one); an unfinished trace or replay is redone with ``--force``
+(``provenance.json`` says which driver wrote a folder: :func:`driver_of`).
 """
 
 from __future__ import annotations
@@ -94,13 +96,45 @@ def require_run_folder(folder: str | os.PathLike, *, scenario: bool = True) -> P
     return folder
 
 
-def resume_folder(folder: str | os.PathLike) -> Path:
+def driver_of(folder: Path) -> str:
+    """What wrote a run folder, from its provenance.json: ``"online"`` (``asyncsim run``),
+    ``"real"``, ``"replay"`` or ``"trace"`` (timing only)."""
+    try:
+        prov = json.loads((folder / "provenance.json").read_text())
+    except (OSError, ValueError):
+        return "online"
+    return prov.get("driver") or ("replay" if prov.get("replay_of") is not None else "online")
+
+
+# What each kind of unfinished folder is, and how to go on: only online and real runs
+# checkpoint, so only they resume.
+_LABEL = {"online": "run", "real": "real run", "replay": "replay", "trace": "trace"}
+_RESUME = {"online": "asyncsim run --resume {f}", "real": "asyncsim real --resume {f}"}
+_REDO = {"trace": "a trace is quick to redo: pass --force",
+         "replay": "a replay has no checkpoints: rerun asyncsim replay with --force"}
+
+
+def _go_on(kind: str, folder: Path) -> str:
+    return (f"continue it with {_RESUME[kind].format(f=folder)}" if kind in _RESUME
+            else _REDO.get(kind, "pass --force to start over"))
+
+
+def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
     """The folder ``--resume`` names, as a Path; a one-line :class:`RunFolderError` when
-    there is no such folder (an unfinished run may not have its trace files yet, so this
-    checks less than :func:`require_run_folder`)."""
+    there is no such folder, or when ``driver`` cannot continue what wrote it (a timing-only
+    trace has no gradients to resume; a real run resumes with ``asyncsim real``, an online
+    one with ``asyncsim run``). An unfinished run may not have its trace files yet, so this
+    checks less than :func:`require_run_folder`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"{folder}: no such run folder to resume")
+    kind = driver_of(folder)
+    # A replay changes numerics only, so an online run of its scenario.toml simulates the
+    # same trace and ends with the same parameters: `run --resume` may redo it.
+    ok = {driver, "replay"} if driver == "online" else {driver}
+    if kind not in ok and not is_complete(folder):
+        raise RunFolderError(f"{folder}: an unfinished {_LABEL.get(kind, kind)}; "
+                             f"{_go_on(kind, folder)}")
     return folder
 
 
@@ -123,8 +157,10 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
             raise RunFolderError(f"{folder}: already holds a complete run; "
                                  "choose another --out or pass --force")
         if not resume and not force and not is_complete(folder):
-            raise RunFolderError(f"{folder}: holds an unfinished run; continue it with "
-                                 f"--resume {folder}, or pass --force to start over")
+            kind = driver_of(folder)
+            raise RunFolderError(f"{folder}: holds an unfinished {_LABEL.get(kind, kind)}; "
+                                 f"{_go_on(kind, folder)}"
+                                 + (", or pass --force to start over" if kind in _RESUME else ""))
         if force:
             for p in folder.iterdir():
                 _remove(p)

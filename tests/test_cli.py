@@ -270,6 +270,36 @@ n_test = 32
 """
 
 
+def test_an_unfinished_folder_says_how_to_go_on_for_what_wrote_it(tmp_path, capsys):
+    from asyncsim import runs
+
+    path = write(tmp_path, TINY_RUN)
+    folders = {}
+    for kind, argv in (("trace", ["trace", str(path)]), ("run", ["run", str(path)])):
+        out = folders[kind] = tmp_path / kind
+        assert main([*argv, "--out", str(out), "--quiet"]) == 0
+        (out / "summary.json").unlink()  # as a run killed before its end leaves it
+    assert main(["replay", str(folders["run"]), "--out", str(tmp_path / "rep"), "--quiet"]) == 0
+    (tmp_path / "rep" / "summary.json").unlink()
+    capsys.readouterr()
+    # A timing-only trace has no gradients to resume: redo it (not an online run in its place).
+    assert main(["trace", str(path), "--out", str(folders["trace"])]) == 2
+    assert "holds an unfinished trace; a trace is quick to redo: pass --force" in \
+        capsys.readouterr().err
+    assert main(["run", "--resume", str(folders["trace"])]) == 2
+    assert "an unfinished trace; a trace is quick to redo" in capsys.readouterr().err
+    # An online run resumes with `run`, not `real`; a replay is redone by `replay --force`.
+    assert main(["run", str(path), "--out", str(folders["run"])]) == 2
+    assert (f"holds an unfinished run; continue it with asyncsim run --resume "
+            f"{folders['run']}, or pass --force") in capsys.readouterr().err
+    with pytest.raises(runs.RunFolderError, match="continue it with asyncsim run --resume"):
+        runs.resume_folder(folders["run"], driver="real")
+    assert main(["replay", str(folders["run"]), "--out", str(tmp_path / "rep")]) == 2
+    assert "holds an unfinished replay; a replay has no checkpoints: rerun asyncsim replay " \
+        "with --force" in capsys.readouterr().err
+    assert main(["trace", str(path), "--out", str(folders["trace"]), "--force", "--quiet"]) == 0
+
+
 def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     """`asyncsim replay` checks its result against the run it replayed: the loop path is
     bit-identical, the scan path agrees to tolerance, --set changes the numerics, and an
