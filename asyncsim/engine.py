@@ -35,6 +35,7 @@ from asyncsim.data import Dataset, batch_indices, get_dataset
 from asyncsim.errors import ScenarioError
 from asyncsim.models import Model, get_model, grad_fn
 from asyncsim.protocols import get_protocol_class
+from asyncsim.scenario import check_batch_size
 
 _INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), _INIT_TAG): distinct from batches
 
@@ -143,6 +144,7 @@ class Numerics:
         self.data = shared.data
         self.n_train = int(self.data.x_train.shape[0])
         self.mu = scn.data.batch_size
+        check_batch_size(self.mu, self.n_train, scn.data.name)
         self.seed = scn.seed
         self.upe = updates_per_epoch(scn, self.n_train)
         self.core = make_core(scn.optimizer, num_learners=scn.cluster.learners,

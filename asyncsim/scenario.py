@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import itertools
 import math
 import os
@@ -267,6 +268,9 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     if scn.data.batch_size < 1:
         raise ScenarioError("data.batch_size",
                             f"must be a positive integer, got {scn.data.batch_size}")
+    n_train = _declared_train_size(scn.data.name, scn.data.options)
+    if n_train is not None:
+        check_batch_size(scn.data.batch_size, n_train, scn.data.name)
 
     r = scn.run
     given = [k for k in ("updates", "gradients", "epochs", "sim_time") if getattr(r, k) is not None]
@@ -285,6 +289,30 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     for k, values in scn.sweep.items():
         if not isinstance(values, tuple) or not values:
             raise ScenarioError(f"sweep.{k}", "must be a non-empty list of values")
+
+
+def check_batch_size(batch_size: int, n_train: int, data_name: str) -> None:
+    """A mini-batch draws without replacement from one pass over the train set (see
+    :func:`asyncsim.data.batch_indices`), so it holds at most ``n_train`` samples."""
+    if batch_size > n_train:
+        raise ScenarioError("data.batch_size",
+                            f"is {batch_size}, more than the {n_train} training samples of "
+                            f"data {data_name!r}; allowed: 1 to {n_train} (a full batch)")
+
+
+def _declared_train_size(name: str, options: Mapping[str, Any]) -> int | None:
+    """``data.n_train`` as given, else the factory's integer default; None when unknown
+    before the data set is built (the engine checks again then)."""
+    from asyncsim.data import dataset_factory
+
+    n = options.get("n_train")
+    if n is None:
+        try:
+            n = inspect.signature(dataset_factory(name)).parameters.get("n_train")
+        except (TypeError, ValueError):
+            return None
+        n = None if n is None else n.default
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:

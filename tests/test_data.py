@@ -84,6 +84,38 @@ def test_registered_factory_options_checked_like_models(monkeypatch):
     assert seen == {"colour": "red", "seed": 2}
 
 
+def test_batch_larger_than_the_train_set_is_refused(monkeypatch):
+    """A mini-batch draws without replacement from one pass, so batch_size <= n_train: the
+    scenario check refuses more when n_train is declared (given, or the factory's default),
+    and the engine when only the built data set knows its size."""
+    import asyncsim.data as data_mod
+    from asyncsim.engine import Numerics
+    from asyncsim.errors import ScenarioError
+    from asyncsim.scenario import load_scenario
+
+    def scn(data):
+        return load_scenario({"model": {"name": "mlp", "hidden": [4]}, "data": data,
+                              "run": {"updates": 1}})
+
+    with pytest.raises(ScenarioError, match=r"data.batch_size: is 64, more than the 32 "
+                                            r"training samples of data 'synthetic-cifar'; "
+                                            r"allowed: 1 to 32 \(a full batch\)"):
+        scn({"name": "synthetic-cifar", "n_train": 32, "batch_size": 64})
+    with pytest.raises(ScenarioError, match="more than the 10000 training samples"):
+        scn({"name": "synthetic-cifar", "batch_size": 10_001})  # the factory's default
+    scn({"name": "synthetic-cifar", "n_train": 32, "batch_size": 32})  # a full batch is fine
+
+    monkeypatch.setattr(data_mod._registry, "direct", dict(data_mod._registry.direct))
+
+    @register_dataset("plug-sized")
+    def sized(*, seed, size=4):
+        return get_dataset("synthetic-cifar", seed=seed, n_train=size, n_test=size)
+
+    late = scn({"name": "plug-sized", "size": 8, "batch_size": 9})  # size unknown until built
+    with pytest.raises(ScenarioError, match="is 9, more than the 8 training samples"):
+        Numerics(late)
+
+
 def test_synthetic_shapes_dtypes_balance(small):
     assert small.x_train.shape == (2000, 32, 32, 3)
     assert small.x_test.shape == (500, 32, 32, 3)
