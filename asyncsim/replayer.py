@@ -481,10 +481,9 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
         buf = tm(lambda p: jax.numpy.broadcast_to(p[:, None], (P, K, *p.shape[1:])),
                  state.params)
         xs_all = _scan_inputs(trace, c, slot)
-        carry = (state, buf)
         every = r.eval_every or m
-        for s, e in _chunks(m, chunk, every):
-            carry, losses = run_chunk(carry, tuple(a[s:e] for a in xs_all))
+        for carry, losses, e in _iter_chunks(run_chunk, (state, buf), xs_all,
+                                             _chunks(m, chunk, every), chunk):
             pending.append(losses.reshape(P, -1))
             applied = e * c
             state = carry[0]
@@ -516,7 +515,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     results = []
     for k in range(P):
         st_k = tm(lambda a, k=k: a[k], state)
-        rec = _recorder_from(losses_all[k], counts, evals[k], num)
+        rec = _recorder_from(losses_all[k], counts, evals[k], num, r.eval_every)
         out = outs[k] if outs is not None else None
         folder = runs.prepare(out, force=True) if out is not None else None
         if folder is not None:
@@ -548,7 +547,8 @@ def _first_bad(losses: list[np.ndarray]) -> int | None:
     return first_diverged(losses, 0, float(np.mean(np.abs(losses[0]))))
 
 
-def _recorder_from(flat_losses: np.ndarray, counts: Sequence[int], evals, num: Numerics):
+def _recorder_from(flat_losses: np.ndarray, counts: Sequence[int], evals, num: Numerics,
+                   eval_every: int):
     from asyncsim.engine import EvalRecord
     from asyncsim.online import _Recorder
 
@@ -558,7 +558,7 @@ def _recorder_from(flat_losses: np.ndarray, counts: Sequence[int], evals, num: N
         rec.losses.append(flat_losses[pos:pos + c])
         pos += c
     rec.pending_base = len(rec.losses)
-    eval_every = max(num.scn.run.eval_every, 1)
+    eval_every = max(eval_every, 1)
     for version, applied, now, loss, err in evals:
         recent = rec.losses[max(version - eval_every, 0):version]
         train = float(np.mean(np.concatenate(recent))) if recent else float("nan")
@@ -600,17 +600,15 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     num = numerics or Numerics(scn)
     quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
                                                              eval_samples=1))
-    qnum = Numerics(quiet)
-    qnum._shared = num._shared
     counts = trace.updates["n_grads"]
     paths = ["loop", "scan"] if np.all(counts == counts[0]) else ["loop"]
     P = len(hypers)
 
     def call(mode: str, path: str, probe: Trace):
         if mode == "vmapped":
-            return replay_vmapped(quiet, probe, hypers, numerics=qnum, path=path)
+            return replay_vmapped(quiet, probe, hypers, numerics=num, path=path)
         fn = replay if path == "loop" else replay_scan
-        return fn(quiet, probe, numerics=qnum, hyper=hypers[0])
+        return fn(quiet, probe, numerics=num, hyper=hypers[0])
 
     fns = {(mode, path): (lambda probe, mode=mode, path=path: call(mode, path, probe))
            for path in paths for mode in ("single", "vmapped")}
@@ -671,9 +669,8 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     every = scn.run.eval_every or m
     times = trace.updates["time"]
     losses_all = []
-    carry = (state, buf)
-    for s, e in _chunks(m, chunk, every):
-        carry, losses = run_chunk(carry, tuple(a[s:e] for a in xs_all))
+    for carry, losses, e in _iter_chunks(run_chunk, (state, buf), xs_all,
+                                         _chunks(m, chunk, every), chunk):
         losses_all.append(losses)
         driver.grads_applied = e * c
         if scn.run.eval_every and e % every == 0:
@@ -719,11 +716,12 @@ def _chunks(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
 
 
 def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool):
-    """The jitted chunk program ``(state, buf), xs -> (state, buf), losses[chunk, c]``:
+    """The jitted chunk program ``(state, buf), xs, n -> (state, buf), losses[L, c]``: runs
+    the first ``n`` of the L updates in ``xs`` (inputs padded to L; see :func:`_iter_chunks`);
     update v reads its gradients' versions from ``buf[read slot]`` and writes version v + 1
     to ``buf[write slot]`` (:func:`slot_plan`); ``K = 1``: nothing stale, no buffer.
-    ``vmapped``: state and buffer carry a leading axis of sweep points (losses [P, chunk, c]).
-    Compiled once per (Numerics, c, K, vmapped)."""
+    ``vmapped``: state and buffer carry a leading axis of sweep points (losses [P, L, c]).
+    Compiled once per (Numerics, c, K, vmapped) and chunk size L."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -764,11 +762,37 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool):
             buf = tm(lambda a, p: lax.dynamic_update_index_in_dim(a, p, w, 0), buf, st.params)
         return (st, buf), losses
 
-    def chunk_fn(carry, xs):
-        return jax.lax.scan(body, carry, xs)
+    def chunk_fn(carry, xs, n):
+        # A loop with a traced trip count over inputs padded to a fixed length: one compiled
+        # program serves every chunk length (probes, the trace's tail, evaluation spacing),
+        # where a scan over each length's inputs compiled anew (~1.7 s each for a small MLP).
+        L = xs[0].shape[0]
+        losses = jnp.zeros((L, c), jnp.float32)
+
+        def step(i, val):
+            carry, losses = val
+            carry, lo = body(carry, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
+                                          for a in xs))
+            return carry, lax.dynamic_update_index_in_dim(losses, lo.astype(jnp.float32), i, 0)
+
+        return lax.fori_loop(0, n, step, (carry, losses))
 
     # The carry is donated: XLA then updates and reads the buffer in place. Without it, reads
     # from the (non-aliased) buffer cost ~40% of an MLP step on CPU (measured, 24 versions).
-    cache[key] = jax.jit(jax.vmap(chunk_fn, in_axes=(0, None)) if vmapped else chunk_fn,
+    cache[key] = jax.jit(jax.vmap(chunk_fn, in_axes=(0, None, None)) if vmapped else chunk_fn,
                          donate_argnums=(0,))
     return cache[key]
+
+
+def _iter_chunks(run_chunk, carry, xs_all: tuple[np.ndarray, ...],
+                 bounds: Sequence[tuple[int, int]], length: int):
+    """Run ``run_chunk`` (:func:`_scan_program`) over the update ranges ``bounds`` (each at
+    most ``length`` long), yielding ``(carry, losses, end)`` after each; losses are [n, c]
+    ([P, n, c] for the vmapped program). Each range's inputs are padded to ``length``, so
+    every call has the same shapes and one compiled program serves them all."""
+    for s, e in bounds:
+        n = e - s
+        xs = tuple(np.concatenate([a[s:e], np.zeros((length - n, *a.shape[1:]), a.dtype)])
+                   for a in xs_all)
+        carry, losses = run_chunk(carry, xs, np.int32(n))
+        yield carry, losses[..., :n, :], e

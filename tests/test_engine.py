@@ -140,6 +140,27 @@ def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
     assert choose_path(scn, res.trace, numerics=num) in ("loop", "scan")
 
 
+def test_one_scan_program_serves_every_chunk_length(num_cache):
+    """Chunks of any length (evaluation spacing, a trace's tail, the path probes' 12 and 48
+    updates) run the same compiled program: its inputs are padded to the chunk size and
+    the loop's trip count is an argument."""
+    from asyncsim.replayer import truncate
+
+    scn = tiny(run={"updates": 40, "eval_every": 7})  # chunks of 7 and a tail of 5
+    num = num_cache(scn)
+    trace = simulate(scn)
+    full = replay_scan(scn, trace, numerics=num)
+    short = replay_scan(scn, truncate(trace, 12), numerics=num, chunk=512)
+    programs = {k: v for k, v in num._scan_cache.items() if not k[2]}  # single-point ones
+    assert len(programs) == 1 and next(iter(programs.values()))._cache_size() == 1
+    # Padding rows never run: the 12-update replay equals the first 12 updates of the loop.
+    loop12 = replay(scn, truncate(trace, 12), numerics=num)
+    for a, b in zip(jax.tree_util.tree_leaves(loop12.params),
+                    jax.tree_util.tree_leaves(short.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert list(full.evals["version"]) == [0, 7, 14, 21, 28, 35, 40]
+
+
 def _raw(scn):
     from asyncsim.config import to_dict
 
