@@ -33,7 +33,7 @@ from asyncsim.config import Scenario
 from asyncsim.core import CoreState, make_core, param_hash
 from asyncsim.data import Dataset, batch_indices, get_dataset
 from asyncsim.errors import ScenarioError
-from asyncsim.models import Model, get_model, grad_fn
+from asyncsim.models import Model, expand_parts, get_model, grad_fn, grad_parts
 from asyncsim.protocols import get_protocol_class
 from asyncsim.scenario import check_batch_size
 
@@ -84,6 +84,21 @@ class _Shared:
 
         self.one = one
         self.grad_one = jax.jit(one)
+        if model.dense_input is not None:
+            # Pending gradients for the replayer's scan path (models.DenseInput): the same
+            # gradient as `one`, its first kernel kept as dL/dz and expanded when applied.
+            # The batch's indices travel with the parts: expanding then costs one gather of
+            # the inputs, not the batch permutation again.
+            def parts_one(params, x_all, y_all, learner, batch):
+                idx = batch_indices(seed, learner, batch, mu, n)
+                loss, parts = grad_parts(model, params, x_all[idx], y_all[idx])
+                return loss, (parts, idx)
+
+            def expand_one(parts_idx, x_all):
+                parts, idx = parts_idx
+                return expand_parts(model, parts, x_all[idx])
+
+            self.parts_one, self.expand_one = parts_one, expand_one
         self.grad_group = jax.jit(jax.vmap(one, in_axes=(None, None, None, 0, 0)))
 
         def eval_batch(params, x, y):

@@ -41,6 +41,7 @@ as the identity and the network trains stably without normalisation.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,10 +57,13 @@ from asyncsim._plugins import PluginRegistry, callable_value
 PyTree = Any
 
 __all__ = [
+    "DenseInput",
     "Model",
     "available_models",
+    "expand_parts",
     "get_model",
     "grad_fn",
+    "grad_parts",
     "local_response_norm_within_channel",
     "num_params",
     "quadratic_spectrum",
@@ -73,11 +77,30 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class DenseInput:
+    """An optional fact about a model: its first layer is dense on features of the input,
+    ``z = features(x) @ params[name]["w"] + params[name]["b"]``, and the loss is
+    ``head(rest, z, y)`` with ``rest`` the parameters without ``params[name]``.
+
+    Then a gradient's kernel part is ``features(x)^T dL/dz``, so a gradient can be kept as
+    the [batch, out] cotangent dL/dz instead of the [in, out] kernel gradient and expanded
+    when it is applied (:func:`grad_parts`, :func:`expand_parts`). The replayer's scan path
+    uses this to keep pending gradients instead of stale parameter versions (README,
+    Performance): for an MLP on images the first kernel is nearly all the parameters.
+    """
+
+    name: str
+    features: Callable[[jax.Array], jax.Array]
+    head: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+
+
+@dataclass(frozen=True)
 class Model:
     """A pure model. See the module docstring for the contract.
 
     ``hessian_eigenvalues`` is set only for models whose Hessian is known in closed form (the
     ``quadratic``); it is a float64 numpy array, sorted as the parameter coordinates.
+    ``dense_input`` (optional, :class:`DenseInput`) says the first layer is dense.
     """
 
     name: str
@@ -87,6 +110,7 @@ class Model:
     input_shape: tuple[int, ...]
     num_classes: int | None
     hessian_eigenvalues: np.ndarray | None = None
+    dense_input: DenseInput | None = None
 
     def error(self, params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
         """Fraction of wrongly classified examples; for non-classifiers, the loss."""
@@ -139,6 +163,26 @@ def num_params(params: PyTree) -> int:
 def grad_fn(model: Model) -> Callable[[PyTree, jax.Array, jax.Array], tuple[jax.Array, PyTree]]:
     """``(params, x, y) -> (loss, grads)``; jit-friendly but not jitted (callers jit)."""
     return jax.value_and_grad(model.loss)
+
+
+def grad_parts(model: Model, params: PyTree, x: jax.Array,
+               y: jax.Array) -> tuple[jax.Array, tuple[PyTree, jax.Array]]:
+    """``(loss, (rest_grads, dL/dz))`` for a model with :attr:`Model.dense_input`: the
+    gradient with its first kernel left factored (see :class:`DenseInput`)."""
+    d = model.dense_input
+    first = params[d.name]
+    z = d.features(x) @ first["w"] + first["b"]
+    rest = {k: v for k, v in params.items() if k != d.name}
+    loss, (g_rest, g_z) = jax.value_and_grad(d.head, argnums=(0, 1))(rest, z, y)
+    return loss, (g_rest, g_z)
+
+
+def expand_parts(model: Model, parts: tuple[PyTree, jax.Array], x: jax.Array) -> PyTree:
+    """The full gradient from :func:`grad_parts`'s parts and the same input ``x``:
+    the first kernel's gradient is ``features(x)^T dL/dz``, its bias's ``sum_b dL/dz``."""
+    d = model.dense_input
+    g_rest, g_z = parts
+    return {**g_rest, d.name: {"w": d.features(x).T @ g_z, "b": jnp.sum(g_z, axis=0)}}
 
 
 def quadratic_spectrum(model: Model) -> np.ndarray:
@@ -466,24 +510,42 @@ def mlp(
             for k, name, a, b in zip(keys, names, sizes[:-1], sizes[1:], strict=True)
         }
 
-    def apply(params: PyTree, x: jax.Array) -> jax.Array:
+    def features(x: jax.Array) -> jax.Array:
         if pool > 1:
             hh, ww, cc = input_shape
             x = x.reshape(x.shape[0], hh // pool, pool, ww // pool, pool, cc).mean(axis=(2, 4))
-        h = x.reshape(x.shape[0], -1)
-        for name in names[:-1]:
-            h = act(h @ params[name]["w"] + params[name]["b"])
-        return h @ params["fc"]["w"] + params["fc"]["b"]
+        return x.reshape(x.shape[0], -1)
+
+    def from_first(params: PyTree, z: jax.Array) -> jax.Array:
+        """Logits from the first layer's pre-activation z (params[names[0]] unused)."""
+        h = z
+        for name in names[1:]:
+            h = act(h) @ params[name]["w"] + params[name]["b"]
+        return h
+
+    def apply(params: PyTree, x: jax.Array) -> jax.Array:
+        first = params[names[0]]
+        return from_first(params, features(x) @ first["w"] + first["b"])
 
     if loss_kind == "xent":
-        return _classifier("mlp", init_fn, apply, input_shape, num_classes)
+        def head(rest: PyTree, z: jax.Array, y: jax.Array) -> jax.Array:
+            return _softmax_xent(from_first(rest, z), y)
+
+        return dataclasses.replace(_classifier("mlp", init_fn, apply, input_shape, num_classes),
+                                   dense_input=DenseInput(names[0], features, head))
+
+    def mse_of(pred: jax.Array, y: jax.Array) -> jax.Array:
+        target = jax.nn.one_hot(y, num_classes, dtype=jnp.float32)
+        return 0.5 * jnp.mean(jnp.sum((pred.astype(jnp.float32) - target) ** 2, axis=-1))
 
     def mse(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
-        pred = apply(params, x).astype(jnp.float32)
-        target = jax.nn.one_hot(y, num_classes, dtype=jnp.float32)
-        return 0.5 * jnp.mean(jnp.sum((pred - target) ** 2, axis=-1))
+        return mse_of(apply(params, x), y)
 
-    return Model("mlp", init_fn, apply, mse, input_shape, num_classes)
+    def mse_head(rest: PyTree, z: jax.Array, y: jax.Array) -> jax.Array:
+        return mse_of(from_first(rest, z), y)
+
+    return Model("mlp", init_fn, apply, mse, input_shape, num_classes,
+                 dense_input=DenseInput(names[0], features, mse_head))
 
 
 @register_model("linear")
@@ -504,17 +566,27 @@ def linear(*, input_shape: Sequence[int] = (32, 32, 3), num_classes: int | None 
         del key  # deterministic: the convex problem has a unique-ish optimum anyway
         return {"fc": {"w": jnp.zeros((d, out), jnp.float32), "b": jnp.zeros((out,), jnp.float32)}}
 
+    def features(x: jax.Array) -> jax.Array:
+        return x.reshape(x.shape[0], -1)
+
     def apply(params: PyTree, x: jax.Array) -> jax.Array:
-        pred = x.reshape(x.shape[0], -1) @ params["fc"]["w"] + params["fc"]["b"]
+        pred = features(x) @ params["fc"]["w"] + params["fc"]["b"]
         return pred if k else pred[:, 0]
 
-    def loss(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
-        pred = apply(params, x)
+    def loss_of(pred: jax.Array, y: jax.Array) -> jax.Array:
         target = jax.nn.one_hot(y, k) if k else y.astype(jnp.float32)
         sq = (pred - target) ** 2
         return 0.5 * jnp.mean(jnp.sum(sq, axis=-1) if k else sq)
 
-    return Model("linear", init_fn, apply, loss, input_shape, k)
+    def loss(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
+        return loss_of(apply(params, x), y)
+
+    def head(rest: PyTree, z: jax.Array, y: jax.Array) -> jax.Array:
+        del rest  # the one layer is the dense input layer
+        return loss_of(z if k else z[:, 0], y)
+
+    return Model("linear", init_fn, apply, loss, input_shape, k,
+                 dense_input=DenseInput("fc", features, head))
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ would need more than ``max_memory`` bytes.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -110,6 +111,32 @@ def slot_plan(trace: Trace) -> tuple[np.ndarray, int]:
     return slot, n_slots
 
 
+def pending_plan(trace: Trace) -> tuple[np.ndarray, int]:
+    """Where the scan path's gradient store keeps each pending gradient: ``(slot[n], Q)``.
+
+    With ``store="gradients"`` gradient i is computed at the start of update r_i, its read
+    version (then the current parameters), and held until update a_i (its apply version)
+    takes it: it occupies a slot over [r_i, a_i]. Greedy colouring of these intervals by
+    start uses the fewest slots, Q = the most gradients pending at once (about the number
+    of learners in an async trace, whatever the maximum staleness).
+    """
+    g = trace.grads
+    r, a = g["read_version"], g["apply_version"]
+    slot = np.zeros(r.size, np.int32)
+    busy: list[tuple[int, int]] = []  # (last update that needs it, slot)
+    free: list[int] = []
+    q = 0
+    for i in np.lexsort((np.arange(r.size), r)):  # by read version, then trace order
+        while busy and busy[0][0] < r[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            slot[i] = heapq.heappop(free)
+        else:
+            slot[i], q = q, q + 1
+        heapq.heappush(busy, (int(a[i]), int(slot[i])))
+    return slot, max(q, 1)
+
+
 def replay_memory(trace: Trace, n_params: int, *, bytes_per_param: int = 4) -> dict[str, int]:
     """Bytes replay needs for parameter versions: live versions × parameter bytes."""
     live = live_versions(trace)
@@ -131,13 +158,13 @@ def _check_learners(scn: Scenario, trace: Trace) -> None:
 
 
 def _check_memory(versions: int, trace: Trace, need: int, max_memory: int, *,
-                  points: int = 1) -> None:
+                  points: int = 1, what: str = "parameter versions") -> None:
     """Refuse, before anything is allocated, a replay whose versions exceed ``max_memory``
     (``points``: a vmapped sweep holds the versions once per sweep point)."""
     if need > max_memory:
         each = f" for each of {points} sweep points" if points > 1 else ""
         raise ReplayMemoryError(
-            f"replaying this trace holds {versions} parameter versions at once{each} (max "
+            f"replaying this trace holds {versions} {what} at once{each} (max "
             f"staleness {trace.max_staleness}): {need / 2**20:.1f} MiB, more than the "
             f"{max_memory / 2**20:.1f} MiB allowed (max_memory)")
 
@@ -417,7 +444,7 @@ def _vmapped_programs(num: Numerics) -> dict[str, Any]:
 def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
                    numerics: Numerics | None = None, outs: Sequence[Path | None] | None = None,
                    max_memory: int = DEFAULT_MAX_MEMORY, path: str = "loop",
-                   chunk: int = 512) -> list[RunResult]:
+                   chunk: int = 512, store: str = "auto") -> list[RunResult]:
     """Replay one trace under several (lr, beta, weight_decay) settings in one program.
 
     The core state carries its hyperparameters (``CoreState.hyper``), so the P settings are
@@ -435,9 +462,10 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     n_params = num_params(shapes)
     # Both paths hold the same versions: slot_plan's K is the most alive at once.
-    need = replay_memory(trace, n_params * P)
     _check_learners(scn, trace)
-    _check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
+    if path == "loop":  # the scan path's store is checked by _scan_setup
+        need = replay_memory(trace, n_params * P)
+        _check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
     t0 = time.perf_counter()
     tm = jax.tree_util.tree_map
     p0 = num.init_params()
@@ -476,11 +504,9 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
         c = int(counts[0]) if m else 1
         if m == 0 or np.any(trace.updates["n_grads"] != c):
             raise ValueError("path='scan' needs the same number of gradients in every update")
-        slot, K = slot_plan(trace)
-        run_chunk = _scan_program(num, c, K, vmapped=True)
-        buf = tm(lambda p: jax.numpy.broadcast_to(p[:, None], (P, K, *p.shape[1:])),
-                 state.params)
-        xs_all = _scan_inputs(trace, c, slot)
+        run_chunk, xs_all, init_buf, _ = _scan_setup(num, trace, c, store, max_memory,
+                                                      points=P, vmapped=True)
+        buf = jax.vmap(init_buf)(state.params)
         every = r.eval_every or m
         for carry, losses, e in _iter_chunks(run_chunk, (state, buf), xs_all,
                                              _chunks(m, chunk, every), chunk):
@@ -621,7 +647,7 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
 # ----------------------------------------------------------------------------- scan path
 def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
                 hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
-                force: bool = False, chunk: int = 512,
+                force: bool = False, chunk: int = 512, store: str = "auto",
                 max_memory: int = DEFAULT_MAX_MEMORY, kind: str = "replay") -> RunResult:
     """Replay as compiled chunks: ``lax.scan`` over updates with a device version buffer.
 
@@ -638,8 +664,6 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     """
     import dataclasses
 
-    import jax.numpy as jnp
-
     from asyncsim.online import Driver
 
     num = numerics or Numerics(scn)
@@ -648,11 +672,8 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     if m == 0 or np.any(counts != counts[0]):
         raise ValueError("replay_scan needs the same number of gradients in every update")
     c = int(counts[0])
-    slot, K = slot_plan(trace)
-    shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
-    need = K * num_params(shapes) * 4
     _check_learners(scn, trace)
-    _check_memory(K, trace, need, max_memory)
+    run_chunk, xs_all, init_buf, fields = _scan_setup(num, trace, c, store, max_memory)
     folder = runs.prepare(out, force=force) if out is not None else None
     if folder is not None:
         runs.write_scenario(folder, scn)
@@ -662,10 +683,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
         scn.run, checkpoint_every=0)), num, folder=None, hyper=dict(hyper or {}))
     driver.folder = folder
     state = driver.state
-    tm = jax.tree_util.tree_map
-    buf = tm(lambda p: jnp.broadcast_to(p, (K, *p.shape)), state.params)
-    run_chunk = _scan_program(num, c, K, vmapped=False)
-    xs_all = _scan_inputs(trace, c, slot)
+    buf = init_buf(state.params)
     every = scn.run.eval_every or m
     times = trace.updates["time"]
     losses_all = []
@@ -689,8 +707,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     driver.now = float(times[-1])
     result = driver.finish(trace, t0, kind=kind)
     result.summary["replay_path"] = "scan"
-    result.summary["replay_versions_held"] = K
-    result.summary["replay_version_bytes"] = need
+    result.summary.update(fields)
     if folder is not None:
         runs.write_summary(folder, result.summary)
     return result
@@ -708,6 +725,85 @@ def _scan_inputs(trace: Trace, c: int, slot: np.ndarray) -> tuple[np.ndarray, ..
             slot[1:].astype(np.int32))
 
 
+def _pending_inputs(trace: Trace, c: int, slot: np.ndarray,
+                    scratch: int) -> tuple[tuple[np.ndarray, ...], int]:
+    """Per-update inputs of the gradient store (``store="gradients"``) and R, the most
+    gradients that read one version: the number of gradients that read version v, their
+    learners, batches and pending slots [m, R] (an update without reads computes into slot
+    ``scratch``); learner, batch, pending slot and staleness of the c gradients update v
+    takes [m, c]; v [m]."""
+    m, g = trace.num_updates, trace.grads
+    r = g["read_version"]
+    reads = np.bincount(r, minlength=m)[:m].astype(np.int32)  # every read is < m
+    R = max(int(reads.max(initial=0)), 1)
+    order = np.lexsort((np.arange(r.size), r))
+    first = np.concatenate([[0], np.cumsum(reads)[:-1]])
+    rank = np.arange(r.size) - first[r[order]]
+    cl, cb = np.zeros((m, R), np.int32), np.zeros((m, R), np.int32)
+    cs = np.full((m, R), scratch, np.int32)
+    cl[r[order], rank] = g["learner"][order]
+    cb[r[order], rank] = g["batch"][order]
+    cs[r[order], rank] = slot[order]
+    return (reads, cl, cb, cs,
+            g["learner"].reshape(m, c).astype(np.int32),
+            g["batch"].reshape(m, c).astype(np.int32),
+            slot.reshape(m, c).astype(np.int32),
+            g["staleness"].reshape(m, c).astype(np.int32),
+            np.arange(m, dtype=np.int32)), R
+
+
+def _scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int, *,
+                points: int = 1,
+                vmapped: bool = False) -> tuple[Any, tuple[np.ndarray, ...], Any, dict[str, Any]]:
+    """What :func:`replay_scan` and :func:`replay_vmapped` (``path="scan"``) run: the chunk
+    program, its per-update inputs, ``init(params) -> carry buffer`` and the summary's
+    memory fields, after the memory check. ``store``: "auto" keeps pending gradients when
+    the model has a dense input layer (:class:`~asyncsim.models.DenseInput`) and something
+    is stale, else parameter versions; "versions" | "gradients" force one."""
+    import jax.numpy as jnp
+
+    if store not in ("auto", "versions", "gradients"):
+        raise ValueError(f"store must be auto, versions or gradients, got {store!r}")
+    has_parts = hasattr(num._shared, "parts_one")
+    if store == "gradients" and not has_parts:
+        raise ValueError(f"store='gradients' needs a model with a dense input layer; "
+                         f"{num.model.name!r} has none")
+    vslot, K = slot_plan(trace)
+    if store == "auto":
+        store = "gradients" if has_parts and K > 1 else "versions"
+    tm = jax.tree_util.tree_map
+    shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
+    if store == "versions":
+        need = K * num_params(shapes) * 4
+        _check_memory(K, trace, need * points, max_memory, points=points)
+        xs_all, reads = _scan_inputs(trace, c, vslot), 1
+
+        def init(params):
+            return tm(lambda p: jnp.broadcast_to(p, (K, *p.shape)), params)
+
+        fields = {"replay_store": "versions", "replay_versions_held": K,
+                  "replay_version_bytes": need}
+    else:
+        gslot, Q = pending_plan(trace)
+        x0 = jax.ShapeDtypeStruct((), jnp.int32)
+        out = jax.eval_shape(num._shared.parts_one, shapes, num.x_train, num.y_train, x0, x0)
+        need = (Q + 1) * sum(int(np.prod(o.shape)) * o.dtype.itemsize
+                             for o in jax.tree_util.tree_leaves(out))
+        _check_memory(Q + 1, trace, need * points, max_memory, points=points,
+                      what="pending gradients")
+        xs_all, reads = _pending_inputs(trace, c, gslot, Q)
+        K = Q + 1
+
+        def init(params):
+            del params
+            return tm(lambda o: jnp.zeros((Q + 1, *o.shape), o.dtype), out)
+
+        fields = {"replay_store": "gradients", "replay_versions_held": 1,
+                  "replay_pending_gradients": Q + 1, "replay_version_bytes": need}
+    program = _scan_program(num, c, K, vmapped=vmapped, store=store, reads=reads)
+    return program, xs_all, init, fields
+
+
 def _chunks(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
     """[start, end) update ranges of at most ``chunk`` updates that end at every multiple
     of ``every`` (the evaluation points), so the program leaves jit only to evaluate."""
@@ -715,18 +811,25 @@ def _chunks(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool):
+def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = "versions",
+                  reads: int = 1):
     """The jitted chunk program ``(state, buf), xs, n -> (state, buf), losses[L, c]``: runs
-    the first ``n`` of the L updates in ``xs`` (inputs padded to L; see :func:`_iter_chunks`);
-    update v reads its gradients' versions from ``buf[read slot]`` and writes version v + 1
-    to ``buf[write slot]`` (:func:`slot_plan`); ``K = 1``: nothing stale, no buffer.
+    the first ``n`` of the L updates in ``xs`` (inputs padded to L; see :func:`_iter_chunks`).
+
+    ``store="versions"``: update v reads its gradients' versions from ``buf[read slot]`` and
+    writes version v + 1 to ``buf[write slot]`` (:func:`slot_plan`, K slots); ``K = 1``:
+    nothing stale, no buffer. ``store="gradients"`` (models with a dense input layer): update
+    v first computes the gradients that read version v, at the current parameters, into
+    ``buf``'s pending slots (:func:`pending_plan`, K slots and a scratch one; up to
+    ``reads`` per update), then applies the c pending gradients it takes; no version is
+    ever copied (README, Performance).
     ``vmapped``: state and buffer carry a leading axis of sweep points (losses [P, L, c]).
-    Compiled once per (Numerics, c, K, vmapped) and chunk size L."""
+    Compiled once per (Numerics, c, K, vmapped, store, reads) and chunk size L."""
     import jax.numpy as jnp
     from jax import lax
 
     cache = num.__dict__.setdefault("_scan_cache", {})
-    key = (c, K, vmapped)
+    key = (c, K, vmapped, store, reads)
     if key in cache:
         return cache[key]
     tm = jax.tree_util.tree_map
@@ -736,6 +839,29 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool):
 
     def read(buf, i):
         return tm(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), buf)
+
+    def pending_body(carry, xs):
+        st, buf = carry
+        n, cl, cb, cs, l, b, a, t, v = xs
+        parts_one, expand_one = num._shared.parts_one, num._shared.expand_one
+
+        def compute(j, buf):
+            out = parts_one(st.params, x_all, y_all, cl[j], cb[j])
+            return tm(lambda p, o: lax.dynamic_update_index_in_dim(p, o, cs[j], 0), buf, out)
+
+        # The first read is unconditional (an update without reads computes into the scratch
+        # slot): a loop's zero-trip check costs more here than a rare wasted gradient.
+        buf = compute(0, buf)
+        if reads > 1:
+            buf = lax.fori_loop(1, n, compute, buf)
+        losses = buf[0][a]
+        if c <= 4:
+            grads = tm(lambda *g: jnp.stack(g), *[
+                expand_one(read(buf[1], a[i]), x_all) for i in range(c)])
+        else:
+            grads = jax.vmap(expand_one, in_axes=(0, None))(tm(lambda p: p[a], buf[1]), x_all)
+        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
+        return (st, buf), losses
 
     def body(carry, xs):
         st, buf = carry
@@ -768,11 +894,12 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool):
         # where a scan over each length's inputs compiled anew (~1.7 s each for a small MLP).
         L = xs[0].shape[0]
         losses = jnp.zeros((L, c), jnp.float32)
+        fn = pending_body if store == "gradients" else body
 
         def step(i, val):
             carry, losses = val
-            carry, lo = body(carry, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
-                                          for a in xs))
+            carry, lo = fn(carry, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
+                                        for a in xs))
             return carry, lax.dynamic_update_index_in_dim(losses, lo.astype(jnp.float32), i, 0)
 
         return lax.fori_loop(0, n, step, (carry, losses))

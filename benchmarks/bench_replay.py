@@ -40,6 +40,7 @@ from asyncsim.replayer import (  # noqa: E402
     replay_vmapped,
     slot_plan,
     sweep_path,
+    truncate,
 )
 from asyncsim.scenario import load_scenario  # noqa: E402
 
@@ -69,6 +70,11 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
     if scan:
         fns["replay scan"] = lambda: replay_scan(scn, trace, numerics=num).params
         fns["plain scan"] = plain_sgd_scan(num, 0.001, batches, mu)
+        # The scan path's other store, side by side: stale parameter versions in a buffer.
+        store = replay_scan(scn, truncate(trace, 2), numerics=num).summary["replay_store"]
+        if store == "gradients":
+            fns["replay scan, versions"] = lambda: replay_scan(scn, trace, numerics=num,
+                                                               store="versions").params
     for fn in fns.values():
         jax.block_until_ready(fn())  # compile
     t = best_interleaved(fns, repeat)
@@ -82,12 +88,16 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
     # it copies into and out of the version buffer: the overhead is a fixed cost per update.
     extra_ms = (t[f"replay {path}"] - fastest) / trace.num_updates * 1e3
     mbytes = num_params(num.init_params()) * 4 / 2**20
+    versions = (f"; the scan keeping versions instead: {t['replay scan, versions']:.3f} s, "
+                f"ratio {fastest / t['replay scan, versions']:.3f}"
+                if "replay scan, versions" in t else "")
     print(f"1. {name}: {len(batches)} gradients at mu={mu} (async, max staleness "
           f"{trace.max_staleness}, {k} versions alive at most): replay loop "
           f"{t['replay loop']:.3f} s, replay scan {t['replay scan']:.3f} s; plain loop "
           f"{t['plain loop']:.3f} s, plain scan {t['plain scan']:.3f} s -> throughput ratio "
           f"{fastest / t[f'replay {path}']:.3f} with the {path} path (target >= 0.9); "
-          f"replay adds {extra_ms:+.3f} ms per update ({mbytes:.2f} MiB of parameters)")
+          f"replay adds {extra_ms:+.3f} ms per update ({mbytes:.2f} MiB of parameters)"
+          f"{versions}")
 
 
 def sweep_vs_single(name, model, repeat):

@@ -26,6 +26,7 @@ from asyncsim.online import load_params, run
 from asyncsim.replayer import (
     ReplayMemoryError,
     last_use,
+    pending_plan,
     replay,
     replay_folder,
     replay_scan,
@@ -132,11 +133,17 @@ def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
                           "momentum": {"kind": "shifted", "beta": 0.8}})
     num = num_cache(scn)
     res = run(scn, numerics=num)
-    scanned = replay_scan(scn, res.trace, numerics=num)
-    for a, b in zip(jax.tree_util.tree_leaves(res.params),
-                    jax.tree_util.tree_leaves(scanned.params), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-    assert list(scanned.evals["version"]) == list(res.evals["version"])
+    for store in ("versions", "gradients"):
+        if store == "gradients" and proto["kind"] == "hardsync":
+            continue  # nothing stale: the gradient store would hold what it reads now
+        scanned = replay_scan(scn, res.trace, numerics=num, store=store)
+        assert scanned.summary["replay_store"] == store
+        for a, b in zip(jax.tree_util.tree_leaves(res.params),
+                        jax.tree_util.tree_leaves(scanned.params), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        assert list(scanned.evals["version"]) == list(res.evals["version"])
+        np.testing.assert_allclose(scanned.evals["train_loss"], res.evals["train_loss"],
+                                   rtol=1e-5)
     assert choose_path(scn, res.trace, numerics=num) in ("loop", "scan")
 
 
@@ -224,6 +231,22 @@ def test_slot_plan_never_overwrites_a_version_still_read(scn):
     assert 0 <= slot.min() and slot.max() < k
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(testing.scenarios(max_learners=24, max_updates=120))
+def test_pending_plan_never_overwrites_a_gradient_before_it_is_applied(scn):
+    # Gradient i is computed at the start of update r_i and taken by update a_i: no other
+    # gradient computed in between may land in its slot, and Q is the most pending at once.
+    tr = simulate(scn)
+    slot, q = pending_plan(tr)
+    r, a = tr.grads["read_version"], tr.grads["apply_version"]
+    for i in range(r.size):
+        clash = (slot == slot[i]) & (r >= r[i]) & (r <= a[i])
+        clash[i] = False
+        assert not clash.any()
+    most = max((int(np.sum((r <= v) & (a >= v))) for v in range(tr.num_updates)), default=0)
+    assert q == max(most, 1) and (slot.size == 0 or slot.max() < q)
+
+
 def test_scan_keeps_only_the_live_versions_of_a_straggler_trace(num_cache):
     # One learner 20x slower: the staleness reaches ~20 x 3 but only ~4 versions are alive.
     scn = tiny(cluster={"learners": 4, "compute": {"dist": "constant", "value": 1.0},
@@ -233,11 +256,17 @@ def test_scan_keeps_only_the_live_versions_of_a_straggler_trace(num_cache):
     res = run(scn, numerics=num)
     _, k = slot_plan(res.trace)
     assert res.trace.max_staleness >= 40 and k <= 5
-    scanned = replay_scan(scn, res.trace, numerics=num)
+    scanned = replay_scan(scn, res.trace, numerics=num, store="versions")
     assert scanned.summary["replay_versions_held"] == k
-    for a, b in zip(jax.tree_util.tree_leaves(res.params),
-                    jax.tree_util.tree_leaves(scanned.params), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # The gradient store holds about one pending gradient per learner, and no version.
+    pending = replay_scan(scn, res.trace, numerics=num)
+    assert pending.summary["replay_store"] == "gradients"
+    assert pending.summary["replay_versions_held"] == 1
+    assert pending.summary["replay_pending_gradients"] <= 4 + 1 + 1  # and the scratch slot
+    for other in (scanned, pending):
+        for a, b in zip(jax.tree_util.tree_leaves(res.params),
+                        jax.tree_util.tree_leaves(other.params), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_same_scenario_same_param_hash(num_cache):
@@ -264,9 +293,13 @@ def test_replay_memory_bound_is_checked_before_allocating(num_cache):
     with pytest.raises(ReplayMemoryError, match="parameter versions"):
         replay(scn, res.trace, numerics=num_cache(scn), max_memory=1000)
     with pytest.raises(ReplayMemoryError, match="parameter versions"):
+        replay_scan(scn, res.trace, numerics=num_cache(scn), max_memory=1000,
+                    store="versions")
+    # The scan's default store for an MLP keeps pending gradients: checked the same way.
+    with pytest.raises(ReplayMemoryError, match=r"holds \d+ pending gradients at once"):
         replay_scan(scn, res.trace, numerics=num_cache(scn), max_memory=1000)
-    for path in ("loop", "scan"):
-        with pytest.raises(ReplayMemoryError, match="versions at once for each of 2 sweep"):
+    for path, what in (("loop", "parameter versions"), ("scan", "pending gradients")):
+        with pytest.raises(ReplayMemoryError, match=f"{what} at once for each of 2 sweep"):
             replay_vmapped(scn, res.trace, [{"lr": 0.01}, {"lr": 0.02}],
                            numerics=num_cache(scn), max_memory=1000, path=path)
 

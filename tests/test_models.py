@@ -10,8 +10,10 @@ import pytest
 from asyncsim.models import (
     Model,
     available_models,
+    expand_parts,
     get_model,
     grad_fn,
+    grad_parts,
     local_response_norm_within_channel,
     num_params,
     quadratic_spectrum,
@@ -254,3 +256,27 @@ def test_register_user_model():
         from asyncsim import models
 
         models._registry.direct.pop("test-tiny")
+
+
+@pytest.mark.parametrize("name,opts", [
+    ("mlp", {}), ("mlp", {"hidden": []}),
+    ("mlp", {"hidden": [16, 8], "activation": "tanh", "loss": "mse", "input_pool": 4}),
+    ("linear", {}), ("linear", {"num_classes": 0}),
+])
+def test_dense_input_parts_expand_to_the_gradient(name, opts):
+    """A gradient kept as (the other layers' gradients, dL/dz of the dense input layer)
+    expands to jax.grad's gradient: the replayer's gradient store relies on it."""
+    model = get_model(name, **opts)
+    assert model.dense_input is not None
+    params = jax.tree_util.tree_map(lambda a: a + 0.01, model.init(KEY))  # linear: zeros
+    x, y = _batch(model, b=5)
+    loss, grads = jax.jit(grad_fn(model))(params, x, y)
+    loss2, parts = jax.jit(lambda p, x, y: grad_parts(model, p, x, y))(params, x, y)
+    again = jax.jit(lambda parts, x: expand_parts(model, parts, x))(parts, x)
+    assert parts[1].shape[0] == 5 and model.dense_input.name not in parts[0]
+    np.testing.assert_allclose(float(loss2), float(loss), rtol=1e-6)
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(grads)
+    for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(again),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+    assert get_model("cifar10-full").dense_input is None  # convolutional: no such layer
