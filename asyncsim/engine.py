@@ -87,16 +87,24 @@ class _Shared:
         if model.dense_input is not None:
             # Pending gradients for the replayer's scan path (models.DenseInput): the same
             # gradient as `one`, its first kernel kept as dL/dz and expanded when applied.
-            # The batch's indices travel with the parts: expanding then costs one gather of
-            # the inputs, not the batch permutation again.
+            # What travels with the parts to rebuild the first kernel's gradient: the batch's
+            # features when they are smaller than its inputs (a pooled MLP), else the batch's
+            # indices (one gather of the inputs when applied: storing the inputs would cost a
+            # write now and a copy then).
+            feats = model.dense_input.features
+            d_in = int(np.prod(jax.eval_shape(
+                feats, jax.ShapeDtypeStruct((1, *data.x_train.shape[1:]), jnp.float32)).shape))
+            keep_features = d_in < int(np.prod(data.x_train.shape[1:]))
+
             def parts_one(params, x_all, y_all, learner, batch):
                 idx = batch_indices(seed, learner, batch, mu, n)
-                loss, parts = grad_parts(model, params, x_all[idx], y_all[idx])
-                return loss, (parts, idx)
+                x = x_all[idx]
+                loss, parts = grad_parts(model, params, x, y_all[idx])
+                return loss, (parts, feats(x) if keep_features else idx)
 
-            def expand_one(parts_idx, x_all):
-                parts, idx = parts_idx
-                return expand_parts(model, parts, x_all[idx])
+            def expand_one(parts_with, x_all):
+                parts, kept = parts_with
+                return expand_parts(model, parts, kept if keep_features else feats(x_all[kept]))
 
             self.parts_one, self.expand_one = parts_one, expand_one
         self.grad_group = jax.jit(jax.vmap(one, in_axes=(None, None, None, 0, 0)))

@@ -177,12 +177,12 @@ def grad_parts(model: Model, params: PyTree, x: jax.Array,
     return loss, (g_rest, g_z)
 
 
-def expand_parts(model: Model, parts: tuple[PyTree, jax.Array], x: jax.Array) -> PyTree:
-    """The full gradient from :func:`grad_parts`'s parts and the same input ``x``:
-    the first kernel's gradient is ``features(x)^T dL/dz``, its bias's ``sum_b dL/dz``."""
+def expand_parts(model: Model, parts: tuple[PyTree, jax.Array], features: jax.Array) -> PyTree:
+    """The full gradient from :func:`grad_parts`'s parts and ``features(x)`` of the same
+    input: the first kernel's gradient is ``features^T dL/dz``, its bias's ``sum_b dL/dz``."""
     d = model.dense_input
     g_rest, g_z = parts
-    return {**g_rest, d.name: {"w": d.features(x).T @ g_z, "b": jnp.sum(g_z, axis=0)}}
+    return {**g_rest, d.name: {"w": features.T @ g_z, "b": jnp.sum(g_z, axis=0)}}
 
 
 def quadratic_spectrum(model: Model) -> np.ndarray:

@@ -272,7 +272,8 @@ def test_dense_input_parts_expand_to_the_gradient(name, opts):
     x, y = _batch(model, b=5)
     loss, grads = jax.jit(grad_fn(model))(params, x, y)
     loss2, parts = jax.jit(lambda p, x, y: grad_parts(model, p, x, y))(params, x, y)
-    again = jax.jit(lambda parts, x: expand_parts(model, parts, x))(parts, x)
+    again = jax.jit(lambda parts, x: expand_parts(model, parts, model.dense_input.features(x)))(
+        parts, x)
     assert parts[1].shape[0] == 5 and model.dense_input.name not in parts[0]
     np.testing.assert_allclose(float(loss2), float(loss), rtol=1e-6)
     assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(grads)
