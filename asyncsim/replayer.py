@@ -512,7 +512,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
         c = int(counts[0]) if m else 1
         if m == 0 or np.any(trace.updates["n_grads"] != c):
             raise ValueError("path='scan' needs the same number of gradients in every update")
-        run_chunk, xs_all, init_buf, _ = _scan_setup(num, trace, c, store, max_memory,
+        run_chunk, xs_all, init_buf, fields = _scan_setup(num, trace, c, store, max_memory,
                                                       points=P, vmapped=True)
         buf = jax.vmap(init_buf)(state.params)
         every = r.eval_every or m
@@ -567,6 +567,8 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
         res.summary["wall_time"] = wall / P
         res.summary["vmapped_points"] = P
         res.summary["replay_path"] = path
+        if path == "scan":
+            res.summary.update(fields)
         if folder is not None:
             runs.write_summary(folder, res.summary)
         results.append(res)
