@@ -659,18 +659,22 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
                 hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
                 force: bool = False, chunk: int = 512, store: str = "auto",
                 max_memory: int = DEFAULT_MAX_MEMORY, kind: str = "replay") -> RunResult:
-    """Replay as compiled chunks: ``lax.scan`` over updates with a device version buffer.
+    """Replay as compiled chunks: a compiled loop over updates with a device store.
 
-    The parameter versions later gradients still read live in one stacked device array of
-    K slots (:func:`slot_plan`: K = the most versions alive at once, at most S + 1 for a
-    trace of maximum staleness S); update v reads ``buf[slot[read]]`` and writes version
-    v + 1 to ``buf[slot[v + 1]]``. Chunks end at evaluation points, so the program leaves
-    jit only to evaluate. Needs the same number of gradients c in every update (every built-in
-    protocol's trace has it). It computes the same arithmetic as :func:`replay` but XLA
-    compiles it as one program, so results agree to floating-point tolerance rather than
-    bit for bit; :func:`replay` stays the exact reference. Which is faster depends on the
-    model and backend (DESIGN.md): on 2 CPU cores a scan over convolutions runs slower than a
-    loop of jitted steps, while small dense models gain from losing the per-step dispatch.
+    ``store="versions"``: the parameter versions later gradients still read live in one
+    stacked device array of K slots (:func:`slot_plan`: K = the most versions alive at
+    once, at most S + 1 for a trace of maximum staleness S); update v reads
+    ``buf[slot[read]]`` and writes version v + 1 to ``buf[slot[v + 1]]``.
+    ``store="gradients"``: each gradient is computed when its read version is current and
+    kept pending until its update (:func:`pending_plan`; models with a dense input layer).
+    ``"auto"`` chooses (see :func:`_scan_setup`). Chunks end at evaluation points, so the
+    program leaves jit only to evaluate. Needs the same number of gradients c in every
+    update (every built-in protocol's trace has it). It computes the same arithmetic as
+    :func:`replay` but XLA compiles it as one program, so results agree to floating-point
+    tolerance rather than bit for bit; :func:`replay` stays the exact reference. Which is
+    faster depends on the model and backend (DESIGN.md): on 2 CPU cores a scan over
+    convolutions runs slower than a loop of jitted steps, while small dense models gain
+    from losing the per-step dispatch.
     """
     import dataclasses
 
@@ -791,9 +795,10 @@ def _scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int
     if store == "auto":
         # A pending gradient saves copying a version in and out per update (~2 x the first
         # kernel's bytes) for writing and reading its slot, plus a few fixed operations.
-        # Measured on 2 CPU cores: MLP [128] at mu = 32 (kernel 74x a slot) 0.93 of plain SGD
-        # vs 0.74 with versions; MLP [32] on full images (115x) 1.6 s vs 2.5 s for a vmapped
-        # 16-point sweep; the 4x4-pooled MLP [32] (kernel 1.5x a slot) 0.48 s vs 0.43 s.
+        # Measured on 2 CPU cores: MLP [128] at mu = 32 (kernel 74x a slot) 0.91 of plain SGD
+        # (median of 7 runs) vs 0.74-0.80 with versions; MLP [32] on full images (115x)
+        # 1.6 s vs 2.5 s for a vmapped 16-point sweep; the 4x4-pooled MLP [32] (kernel 1.5x a
+        # slot) 0.48 s vs 0.43 s.
         kernel = shapes[num.model.dense_input.name]["w"] if has_parts else None
         big = has_parts and int(np.prod(kernel.shape)) * 4 >= 4 * slot_bytes
         store = "gradients" if big and K > 1 else "versions"
@@ -871,7 +876,8 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
             return tm(lambda p, o: lax.dynamic_update_index_in_dim(p, o, cs[j], 0), buf, out)
 
         # The first read is unconditional (an update without reads computes into the scratch
-        # slot): a loop's zero-trip check costs more here than a rare wasted gradient.
+        # slot) and only further reads loop: measured on the MLP row, a loop over all reads
+        # cost ~0.05 ms per update more, far more than the rare wasted gradient.
         buf = compute(0, buf)
         if reads > 1:
             buf = lax.fori_loop(1, n, compute, buf)
