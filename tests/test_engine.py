@@ -147,6 +147,24 @@ def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
     assert choose_path(scn, res.trace, numerics=num) in ("loop", "scan")
 
 
+def test_gradient_store_with_unread_and_shared_versions_agrees_with_the_loop(num_cache):
+    """Pull latency under ssp: some versions are read by no gradient (the update computes
+    into the scratch slot) and others by several (the extra reads loop)."""
+    scn = tiny(protocol={"kind": "ssp", "s": 1}, run={"updates": 40},
+               cluster={"learners": 4, "network": {
+                   "pull": {"latency": {"dist": "exponential", "mean": 0.5}}}},
+               optimizer={"lr": 0.03, "momentum": {"kind": "heavy-ball", "beta": 0.9}})
+    num = num_cache(scn)
+    res = run(scn, numerics=num)
+    reads = np.bincount(res.trace.grads["read_version"],
+                        minlength=res.trace.num_updates)[:res.trace.num_updates]
+    assert (reads == 0).any() and (reads[1:] >= 2).any()
+    scanned = replay_scan(scn, res.trace, numerics=num, store="gradients")
+    for a, b in zip(jax.tree_util.tree_leaves(res.params),
+                    jax.tree_util.tree_leaves(scanned.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 def test_one_scan_program_serves_every_chunk_length(num_cache):
     """Chunks of any length (evaluation spacing, a trace's tail, the path probes' 12 and 48
     updates) run the same compiled program: its inputs are padded to the chunk size and
