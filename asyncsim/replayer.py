@@ -796,7 +796,7 @@ def _scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int
         # A pending gradient saves copying a version in and out per update (~2 x the first
         # kernel's bytes) for writing and reading its slot, plus a few fixed operations.
         # Measured on 2 CPU cores: MLP [128] at mu = 32 (kernel 74x a slot) 0.91 of plain SGD
-        # (median of 7 runs) vs 0.74-0.80 with versions; MLP [32] on full images (115x)
+        # (median of 8 runs) vs 0.74-0.82 with versions; MLP [32] on full images (115x)
         # 1.6 s vs 2.5 s for a vmapped 16-point sweep; the 4x4-pooled MLP [32] (kernel 1.5x a
         # slot) 0.48 s vs 0.43 s.
         kernel = shapes[num.model.dense_input.name]["w"] if has_parts else None

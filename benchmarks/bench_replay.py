@@ -71,7 +71,7 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
         fns["replay scan"] = lambda: replay_scan(scn, trace, numerics=num).params
         fns["plain scan"] = plain_sgd_scan(num, 0.001, batches, mu)
         # The scan path's other store, side by side: stale parameter versions in a buffer.
-        store = replay_scan(scn, truncate(trace, 2), numerics=num).summary["replay_store"]
+        store = replay_scan(scn, truncate(trace, 50), numerics=num).summary["replay_store"]
         if store == "gradients":
             fns["replay scan, versions"] = lambda: replay_scan(scn, trace, numerics=num,
                                                                store="versions").params
@@ -85,7 +85,7 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
     path = min(("loop", "scan"), key=lambda p: t[f"replay {p}"])
     _, k = slot_plan(trace)
     # What replay adds per update over the fastest plain loop, next to the parameter bytes
-    # it copies into and out of the version buffer: the overhead is a fixed cost per update.
+    # (what the versions store copies out and in per stale update): a fixed cost per update.
     extra_ms = (t[f"replay {path}"] - fastest) / trace.num_updates * 1e3
     mbytes = num_params(num.init_params()) * 4 / 2**20
     versions = (f"; the scan keeping versions instead: {t['replay scan, versions']:.3f} s, "
