@@ -165,14 +165,14 @@ def test_gradient_store_with_unread_and_shared_versions_agrees_with_the_loop(num
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def test_one_scan_program_serves_every_chunk_length(num_cache):
+def test_one_scan_program_serves_every_chunk_length():
     """Chunks of any length (evaluation spacing, a trace's tail, the path probes' 12 and 48
     updates) run the same compiled program: its inputs are padded to the chunk size and
     the loop's trip count is an argument."""
     from asyncsim.replayer import truncate
 
     scn = tiny(run={"updates": 40, "eval_every": 7})  # chunks of 7 and a tail of 5
-    num = num_cache(scn)
+    num = Numerics(scn)  # its own program cache, whatever other tests compiled
     trace = simulate(scn)
     full = replay_scan(scn, trace, numerics=num)
     short = replay_scan(scn, truncate(trace, 12), numerics=num, chunk=512)
