@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -44,15 +43,12 @@ class TraceResult:
 
 def train_size(scn: Scenario) -> int:
     """The train-set size of ``scn.data`` without building the data set (for run.epochs)."""
-    from asyncsim.data import dataset_factory
+    from asyncsim.scenario import declared_train_size
 
     if "n_train" in scn.data.options:
         return int(scn.data.options["n_train"])
-    factory = dataset_factory(scn.data.name)
-    p = inspect.signature(factory).parameters.get("n_train")
-    if p is not None and isinstance(p.default, int):
-        return p.default
-    return 50_000
+    n = declared_train_size(scn.data.name, {})
+    return 50_000 if n is None else n
 
 
 def message_bytes(scn: Scenario) -> int | None:

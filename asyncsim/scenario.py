@@ -268,7 +268,7 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     if scn.data.batch_size < 1:
         raise ScenarioError("data.batch_size",
                             f"must be a positive integer, got {scn.data.batch_size}")
-    n_train = _declared_train_size(scn.data.name, scn.data.options)
+    n_train = declared_train_size(scn.data.name, scn.data.options)
     if n_train is not None:
         check_batch_size(scn.data.batch_size, n_train, scn.data.name)
 
@@ -300,9 +300,10 @@ def check_batch_size(batch_size: int, n_train: int, data_name: str) -> None:
                             f"data {data_name!r}; allowed: 1 to {n_train} (a full batch)")
 
 
-def _declared_train_size(name: str, options: Mapping[str, Any]) -> int | None:
+def declared_train_size(name: str, options: Mapping[str, Any]) -> int | None:
     """``data.n_train`` as given, else the factory's integer default; None when unknown
-    before the data set is built (the engine checks again then)."""
+    before the data set is built (the engine checks the batch size again then;
+    :func:`asyncsim.api.train_size` falls back to CIFAR10's 50,000)."""
     from asyncsim.data import dataset_factory
 
     n = options.get("n_train")
