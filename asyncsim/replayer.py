@@ -165,14 +165,15 @@ def _check_learners(scn: Scenario, trace: Trace) -> None:
                             file=scn.source)
 
 
-def _check_memory(versions: int, trace: Trace, need: int, max_memory: int, *,
+def _check_memory(held: int, trace: Trace, need: int, max_memory: int, *,
                   points: int = 1, what: str = "parameter versions") -> None:
-    """Refuse, before anything is allocated, a replay whose versions exceed ``max_memory``
-    (``points``: a vmapped sweep holds the versions once per sweep point)."""
+    """Refuse, before anything is allocated, a replay whose ``held`` versions (or pending
+    gradients: ``what``) need more than ``max_memory`` bytes (``points``: a vmapped sweep
+    holds them once per sweep point)."""
     if need > max_memory:
         each = f" for each of {points} sweep points" if points > 1 else ""
         raise ReplayMemoryError(
-            f"replaying this trace holds {versions} {what} at once{each} (max "
+            f"replaying this trace holds {held} {what} at once{each} (max "
             f"staleness {trace.max_staleness}): {need / 2**20:.1f} MiB, more than the "
             f"{max_memory / 2**20:.1f} MiB allowed (max_memory)")
 
@@ -467,12 +468,10 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
         raise ValueError(f"path must be loop or scan, got {path!r}")
     num = numerics or Numerics(scn)
     P = len(hypers)
-    shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
-    n_params = num_params(shapes)
-    # Both paths hold the same versions: slot_plan's K is the most alive at once.
     _check_learners(scn, trace)
     if path == "loop":  # the scan path's store is checked by _scan_setup
-        need = replay_memory(trace, n_params * P)
+        shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
+        need = replay_memory(trace, num_params(shapes) * P)
         _check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
     t0 = time.perf_counter()
     tm = jax.tree_util.tree_map
@@ -744,8 +743,8 @@ def _pending_inputs(trace: Trace, c: int, slot: np.ndarray,
     """Per-update inputs of the gradient store (``store="gradients"``) and R, the most
     gradients that read one version: the number of gradients that read version v, their
     learners, batches and pending slots [m, R] (an update without reads computes into slot
-    ``scratch``); learner, batch, pending slot and staleness of the c gradients update v
-    takes [m, c]; v [m]."""
+    ``scratch``); learner, pending slot and staleness of the c gradients update v takes
+    [m, c] (its batch travels in the slot); v [m]."""
     m, g = trace.num_updates, trace.grads
     r = g["read_version"]
     reads = np.bincount(r, minlength=m)[:m].astype(np.int32)  # every read is < m
@@ -760,7 +759,6 @@ def _pending_inputs(trace: Trace, c: int, slot: np.ndarray,
     cs[r[order], rank] = slot[order]
     return (reads, cl, cb, cs,
             g["learner"].reshape(m, c).astype(np.int32),
-            g["batch"].reshape(m, c).astype(np.int32),
             slot.reshape(m, c).astype(np.int32),
             g["staleness"].reshape(m, c).astype(np.int32),
             np.arange(m, dtype=np.int32)), R
@@ -868,7 +866,7 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
 
     def pending_body(carry, xs):
         st, buf = carry
-        n, cl, cb, cs, l, b, a, t, v = xs
+        n, cl, cb, cs, l, a, t, v = xs
         parts_one, expand_one = num._shared.parts_one, num._shared.expand_one
 
         def compute(j, buf):
