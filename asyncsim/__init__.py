@@ -22,48 +22,49 @@ from typing import TYPE_CHECKING
 # (PEP 562), so that `asyncsim --help`, argument errors and other commands that never touch
 # JAX do not pay for importing it (about 1.5 s of the CLI's start-up, measured).
 _EXPORTS = {
-    "CoreState": "asyncsim.core",
-    "Dataset": "asyncsim.data",
-    "DelayModel": "asyncsim.delays",
-    "Model": "asyncsim.models",
-    "Protocol": "asyncsim.protocols",
-    "RunResult": "asyncsim.online",
+    "CoreState": "asyncsim.numerics.core",
+    "Dataset": "asyncsim.numerics.data",
+    "DelayModel": "asyncsim.timing.delays",
+    "Model": "asyncsim.numerics.models",
+    "Protocol": "asyncsim.timing.protocols",
+    "RunResult": "asyncsim.drivers.driver",
     "Scenario": "asyncsim.config",
     "ScenarioError": "asyncsim.errors",
     "Trace": "asyncsim.trace",
     "TraceResult": "asyncsim.api",
-    "UpdateCore": "asyncsim.core",
-    "get_dataset": "asyncsim.data",
-    "get_model": "asyncsim.models",
+    "UpdateCore": "asyncsim.numerics.core",
+    "as_optax": "asyncsim.numerics.core",
+    "get_dataset": "asyncsim.numerics.data",
+    "get_model": "asyncsim.numerics.models",
     "load_scenario": "asyncsim.scenario",
-    "make_core": "asyncsim.core",
-    "make_delay": "asyncsim.delays",
-    "param_hash": "asyncsim.core",
-    "register_dataset": "asyncsim.data",
-    "register_delay": "asyncsim.delays",
-    "register_lr_rule": "asyncsim.core",
-    "register_model": "asyncsim.models",
-    "register_protocol": "asyncsim.protocols",
-    "replay": "asyncsim.replayer",
-    "run": "asyncsim.online",
+    "make_core": "asyncsim.numerics.core",
+    "make_delay": "asyncsim.timing.delays",
+    "param_hash": "asyncsim.numerics.core",
+    "register_dataset": "asyncsim.numerics.data",
+    "register_delay": "asyncsim.timing.delays",
+    "register_lr_rule": "asyncsim.numerics.lr_rules",
+    "register_model": "asyncsim.numerics.models",
+    "register_protocol": "asyncsim.timing.protocols",
+    "replay": "asyncsim.api",
+    "run": "asyncsim.api",
     "run_sweep": "asyncsim.sweep",
     "simulate": "asyncsim.api",
     "trace_run": "asyncsim.api",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
-    from asyncsim.api import TraceResult, simulate, trace_run
+    from asyncsim.api import TraceResult, replay, run, simulate, trace_run
     from asyncsim.config import Scenario
-    from asyncsim.core import CoreState, UpdateCore, make_core, param_hash, register_lr_rule
-    from asyncsim.data import Dataset, get_dataset, register_dataset
-    from asyncsim.delays import DelayModel, make_delay, register_delay
+    from asyncsim.drivers.driver import RunResult
     from asyncsim.errors import ScenarioError
-    from asyncsim.models import Model, get_model, register_model
-    from asyncsim.online import RunResult, run
-    from asyncsim.protocols import Protocol, register_protocol
-    from asyncsim.replayer import replay
+    from asyncsim.numerics.core import CoreState, UpdateCore, as_optax, make_core, param_hash
+    from asyncsim.numerics.data import Dataset, get_dataset, register_dataset
+    from asyncsim.numerics.lr_rules import register_lr_rule
+    from asyncsim.numerics.models import Model, get_model, register_model
     from asyncsim.scenario import load_scenario
     from asyncsim.sweep import run_sweep
+    from asyncsim.timing.delays import DelayModel, make_delay, register_delay
+    from asyncsim.timing.protocols import Protocol, register_protocol
     from asyncsim.trace import Trace
 
 
@@ -83,7 +84,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CoreState",
@@ -97,6 +98,7 @@ __all__ = [
     "Trace",
     "TraceResult",
     "UpdateCore",
+    "as_optax",
     "get_dataset",
     "get_model",
     "load_scenario",

@@ -1,101 +1,154 @@
-"""The Python API behind the CLI: trace-only runs and their run folders.
+"""The Python API: the functions behind the CLI, over every layer.
 
 >>> import asyncsim
 >>> scn = asyncsim.load_scenario("scenarios/p1_f1_staleness.toml", profile="smoke")
 >>> trace = asyncsim.simulate(scn)          # timing only, no folder
 >>> trace.staleness_stats()["staleness_mean"]
+
+The drivers do the work (:mod:`asyncsim.drivers`); this module adds what needs the scenario
+loader: :func:`replay_folder` (``asyncsim replay RUN_DIR``), which re-reads a run folder's
+scenario and refuses timing overrides.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import jax
+import numpy as np
 
 from asyncsim import runs
-from asyncsim.cluster import Simulation, run_length
-from asyncsim.config import Scenario
-from asyncsim.scenario import base_dir
+from asyncsim._registry import PluginRegistry
+from asyncsim.config import Scenario, to_dict
+from asyncsim.drivers.choose import choose_path
+from asyncsim.drivers.driver import RunResult, load_params
+from asyncsim.drivers.online import run
+from asyncsim.drivers.plugins import registries as _registries
+from asyncsim.drivers.replay import replay
+from asyncsim.drivers.scan import replay_scan
+from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run
+from asyncsim.errors import ScenarioError
+from asyncsim.scenario import load_scenario
 from asyncsim.trace import Trace
 
-
-@dataclass
-class TraceResult:
-    """What a trace-only run returns: the trace, its summary and its folder (if written)."""
-
-    trace: Trace
-    summary: dict[str, Any]
-    out: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def gradients(self) -> pd.DataFrame:
-        return self.trace.gradients_df()
-
-    @property
-    def updates(self) -> pd.DataFrame:
-        return self.trace.updates_df()
+__all__ = ["TraceResult", "compare_with_source", "registries", "replay", "replay_folder",
+           "run", "simulate", "trace_fixed_changes", "trace_run"]
 
 
-def train_size(scn: Scenario) -> int:
-    """The train-set size of ``scn.data`` without building the data set (for run.epochs)."""
-    from asyncsim.scenario import declared_train_size
-
-    if "n_train" in scn.data.options:
-        return int(scn.data.options["n_train"])
-    n = declared_train_size(scn.data.name, {})
-    return 50_000 if n is None else n
+def registries() -> dict[str, PluginRegistry]:
+    """Every plug-in registry by entry-point group (``asyncsim.delays``, ...)."""
+    return _registries()
 
 
-def message_bytes(scn: Scenario) -> int | None:
-    """4 bytes per model parameter, when a link has a finite bandwidth and no ``bytes``."""
-    net = scn.cluster.network
-    if all(math.isinf(link.bandwidth) or link.bytes is not None for link in (net.pull, net.push)):
-        return None
-    import jax
-
-    from asyncsim.engine import build_model
-    from asyncsim.models import num_params
-
-    model = build_model(scn)  # a ScenarioError under `model` for an option it refuses
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-    return 4 * num_params(shapes)
+# What a recorded trace fixes, so a replay may not change it: the cluster, the protocol, the
+# sweep grid and the run's length.
+TRACE_FIXED = ("cluster", "protocol", "sweep")
+TRACE_FIXED_RUN = ("updates", "gradients", "epochs", "sim_time", "trace_only")
 
 
-def simulate(scn: Scenario, *, progress: bool = False) -> Trace:
-    """Timing only: the :class:`Trace` of ``scn`` (no gradients, no folder)."""
-    n_train = train_size(scn) if scn.run.epochs is not None else None
-    sim = Simulation(scn, msg_bytes=message_bytes(scn), base_dir=base_dir(scn))
-    return sim.run(progress=progress, **run_length(scn, n_train=n_train))
+def _dotted(d: Any, prefix: str) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"prefix.a.b": 1}`` (leaves keep their values)."""
+    if not isinstance(d, Mapping) or not d:
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_dotted(v, f"{prefix}.{k}"))
+    return out
 
 
-def trace_summary(trace: Trace) -> dict[str, Any]:
-    return {
-        "gradients": trace.num_gradients,
-        "updates": trace.num_updates,
-        "sim_time": float(trace.meta.get("sim_time", 0.0)),
-        **trace.staleness_stats(),
-        "trace_hash": trace.hash(),
-    }
+def trace_fixed_changes(before: Scenario, after: Scenario) -> list[str]:
+    """The dotted keys whose resolved values differ between two scenarios in what a trace
+    fixes (:data:`TRACE_FIXED`, ``run.`` + :data:`TRACE_FIXED_RUN`), however they were set
+    (``--set protocol.n=1`` or a whole table such as ``--set run={updates=5}``)."""
+    b, a = to_dict(before), to_dict(after)
+    flat_b, flat_a = {}, {}
+    for section in TRACE_FIXED:
+        flat_b.update(_dotted(b.get(section, {}), section))
+        flat_a.update(_dotted(a.get(section, {}), section))
+    for k in TRACE_FIXED_RUN:
+        flat_b[f"run.{k}"], flat_a[f"run.{k}"] = b["run"].get(k), a["run"].get(k)
+    return sorted(k for k in flat_b.keys() | flat_a.keys() if flat_b.get(k) != flat_a.get(k))
 
 
-def trace_run(scn: Scenario, out: str | Path | None = None, *, force: bool = False,
-              progress: bool = False) -> TraceResult:
-    """Simulate timing only; with ``out``, write the run folder (summary.json last)."""
-    folder = runs.prepare(out, force=force) if out is not None else None
-    t0 = time.perf_counter()
-    with runs.removed_on_scenario_error(folder):  # e.g. a delay model's non-finite draw
-        trace = simulate(scn, progress=progress)
-    wall = time.perf_counter() - t0
-    summary = {"name": scn.name, "seed": scn.seed, "kind": "trace", **trace_summary(trace),
-               "wall_time": wall, "stop_reason": trace.meta.get("stop_reason")}
-    if folder is not None:
-        runs.write_scenario(folder, scn)
-        runs.write_provenance(folder, scn, driver="trace")
-        trace.save(folder)
-        runs.write_summary(folder, summary)
-    return TraceResult(trace, summary, folder)
+def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
+                  overrides: Sequence[str] = (), force: bool = False,
+                  progress: bool = False, path: str = "loop") -> RunResult:
+    """``asyncsim replay RUN_DIR``: replay a run folder's trace with its resolved scenario.
+
+    ``overrides`` may change numerics only (``optimizer.*``, ``model.*``, ``data.*``,
+    ``seed``, ``run.eval_every``...); the timing is the recorded trace, so a timing key
+    (``cluster.*``, ``protocol.*``, the run's length) raises :class:`ScenarioError` before
+    anything is written. Without ``out`` the result is written to ``RUN_DIR/replay``.
+    """
+    run_dir = runs.require_run_folder(run_dir)
+    scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
+    changed = trace_fixed_changes(load_scenario(run_dir / "scenario.toml"), scn)
+    if changed and changed[0].split(".")[0] == "sweep":
+        raise ScenarioError("sweep", "a replay re-executes one run's trace; a sweep grid "
+                            "belongs in a scenario for asyncsim run (whose points replay "
+                            "a shared trace where only numerics vary)", file="asyncsim replay")
+    if changed:
+        # Accepting these would write a replay folder whose scenario.toml disagrees with the
+        # trace it actually executed.
+        sets = " ".join(f"--set {o if isinstance(o, str) else '='.join(map(str, o))}"
+                        for o in overrides)
+        raise ScenarioError(changed[0], "is timing, which the recorded trace fixes; a replay "
+                            "changes numerics only (optimizer.*, model.*, data.*, seed, "
+                            "run.eval_every, run.eval_samples); to change timing, rerun: "
+                            f"asyncsim run {run_dir / 'scenario.toml'} {sets}",
+                            file="asyncsim replay")
+    trace = Trace.load(run_dir)
+    trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
+    out = out or run_dir / "replay"
+    if path == "auto":
+        path = choose_path(scn, trace)
+    counts = trace.updates["n_grads"]
+    if path == "scan" and trace.num_updates == 0:
+        path = "loop"  # nothing to execute: the loop path writes the same (empty) replay
+    elif path == "scan" and np.any(counts != counts[0]):
+        raise ScenarioError("--path", "scan needs the same number of gradients in every "
+                            f"update; this trace's updates take {counts.min()} to "
+                            f"{counts.max()}: use --path loop (or auto)", file="asyncsim replay")
+    if path == "scan":
+        result = replay_scan(scn, trace, out=out, force=force)
+    elif path == "loop":
+        result = replay(scn, trace, out=out, force=force, progress=progress)
+    else:
+        raise ValueError(f"path must be loop, scan or auto, got {path!r}")
+    result.summary.update(compare_with_source(run_dir, result))
+    runs.write_summary(Path(out), result.summary)
+    return result
+
+
+def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any]:
+    """How a replay's final parameters compare with those of the run it replayed.
+
+    Returns the ``summary.json`` fields ``source_param_hash`` (None when the source folder
+    has no ``summary.json``, i.e. the run did not finish, or is a timing-only trace from
+    ``asyncsim trace``, which has no parameters), ``matches_source`` (the two
+    ``param_hash`` values are equal: bit-identical parameters) and ``max_abs_diff_to_source``
+    (the largest absolute difference over all parameters; None when the source has no
+    ``params.npz`` of the same structure, e.g. after ``--set model.*``, or when either
+    side's parameters are not finite, i.e. a diverged run).
+    """
+    run_dir = Path(run_dir)
+    src_hash = runs.read_summary(run_dir).get("param_hash") if runs.is_complete(run_dir) else None
+    if src_hash is None:
+        return {"source_param_hash": None, "matches_source": None,
+                "max_abs_diff_to_source": None}
+    try:
+        src = load_params(run_dir, result.params)
+        diffs = jax.tree_util.tree_map(
+            lambda a, b: float(np.max(np.abs(np.asarray(a, np.float64)
+                                             - np.asarray(b, np.float64)), initial=0.0)),
+            result.params, src)
+        diff = max(jax.tree_util.tree_leaves(diffs), default=0.0)
+        if not np.isfinite(diff):  # a diverged source (or replay): no meaningful distance
+            diff = None
+    except (OSError, KeyError, ValueError, TypeError):
+        diff = None
+    return {"source_param_hash": src_hash,
+            "matches_source": src_hash == result.summary.get("param_hash"),
+            "max_abs_diff_to_source": diff}

@@ -19,6 +19,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Union
 
 from asyncsim.errors import ScenarioError, did_you_mean
@@ -72,9 +73,24 @@ class ProtocolConfig:
     cv: float = 0.1  # fixed-delay "normal" schedule: spread of the workers' step times
 
 
+# The momentum variants of the update core (asyncsim.numerics.core); the stability toolkit
+# has closed-form edges for all but nesterov.
+MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "nesterov", "shifted")
+
+
+def check_momentum_kind(kind: str) -> str:
+    """``kind`` if it is one of :data:`MOMENTUM_KINDS`; else a ScenarioError under
+    ``optimizer.momentum.kind`` listing them."""
+    if kind not in MOMENTUM_KINDS:
+        raise ScenarioError("optimizer.momentum.kind",
+                            f"unknown momentum {kind!r}; allowed: {', '.join(MOMENTUM_KINDS)}"
+                            f"{did_you_mean(kind, MOMENTUM_KINDS)}")
+    return kind
+
+
 @dataclass(frozen=True)
 class MomentumConfig:
-    kind: str = "none"  # none | heavy-ball | dampened | nesterov | shifted
+    kind: str = "none"  # one of MOMENTUM_KINDS
     beta: float = 0.9
 
 
@@ -143,6 +159,11 @@ class Scenario:
     # Set by the loader, never by a file: the scenario file this came from (relative paths in
     # it, e.g. an empirical delay CSV, resolve against its folder).
     source: str | None = None
+
+    @property
+    def base_dir(self) -> Path | None:
+        """The folder relative paths in the scenario resolve against: its file's folder."""
+        return Path(self.source).parent if self.source else None
 
     @property
     def timing_seed(self) -> int:

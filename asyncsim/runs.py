@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import platform
 import subprocess
@@ -34,8 +33,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from asyncsim import _io
+from asyncsim._io import dump_toml
 from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
 
@@ -47,40 +46,25 @@ class RunFolderError(RuntimeError):
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    _io.write_text(path, text)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(jsonable(obj), indent=2, sort_keys=True) + "\n")
-
-
-def jsonable(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, Path):
-        return str(x)
-    return x
+    _io.write_json(path, obj)
 
 
 def is_complete(folder: str | os.PathLike) -> bool:
     return (Path(folder) / SUMMARY).exists()
 
 
-TRACE_FILES = ("trace_grads.parquet", "trace_updates.parquet", "trace_meta.json")
-
-
 def require_run_folder(folder: str | os.PathLike, *, scenario: bool = True) -> Path:
     """``folder`` as a Path if it holds a trace (and, with ``scenario``, its scenario.toml);
     otherwise a one-line :class:`RunFolderError` saying what it is instead: missing, a
     sweep folder (naming one of its points) or a folder without a trace."""
+    # Imported here: the trace module imports pandas (~0.5 s), and this module is on the CLI's
+    # error path, which reports a misspelt key before any heavy import (tests/test_cli.py).
+    from asyncsim.trace import FILES as TRACE_FILES
+
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"{folder}: no such run folder")
@@ -142,9 +126,19 @@ def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(folder) / SUMMARY).read_text())
 
 
+def profile_suffix(profile: str | None) -> str:
+    """``""`` for the default profile, ``"-smoke"`` for ``smoke``: the one rule that names a
+    profile's run folders (``runs/NAME-smoke``) apart from the default's (``runs/NAME``)."""
+    return "" if profile in (None, "default") else f"-{profile}"
+
+
+def sweep_out(name: str, profile: str | None, runs_dir: str | os.PathLike = "runs") -> Path:
+    """Where a scenario's sweep (or its single runs, one folder per seed) lives."""
+    return Path(runs_dir) / f"{name}{profile_suffix(profile)}"
+
+
 def default_out(scn: Scenario, profile: str | None) -> Path:
-    suffix = "" if profile in (None, "default") else f"-{profile}"
-    return Path("runs") / f"{scn.name}{suffix}" / f"seed{scn.seed}"
+    return sweep_out(scn.name, profile) / f"seed{scn.seed}"
 
 
 def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = False) -> Path:
@@ -208,43 +202,6 @@ def _remove(p: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- TOML out
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if math.isnan(v):
-            return "nan"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        if not v:
-            return "{}"
-        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} as TOML")
-
-
-def _key(k: str) -> str:
-    return k if k.replace("-", "").replace("_", "").isalnum() else json.dumps(k)
-
-
-def dump_toml(d: Mapping[str, Any], _prefix: str = "") -> str:
-    """A small TOML writer (tomllib only reads): a table's scalars, then its sub-tables."""
-    scalars = [(k, v) for k, v in d.items() if not (isinstance(v, Mapping) and v)]
-    tables = [(k, v) for k, v in d.items() if isinstance(v, Mapping) and v]
-    out = [f"[{_prefix}]"] if _prefix and scalars else []
-    out += [f"{_key(k)} = {_toml_value(v)}" for k, v in scalars]
-    for k, v in tables:
-        out += ["", dump_toml(v, f"{_prefix}.{_key(k)}" if _prefix else _key(k)).rstrip("\n")]
-    return "\n".join(out).strip("\n") + "\n"
-
-
 def scenario_toml(scn: Scenario) -> str:
     """The resolved scenario as a run folder's ``scenario.toml`` holds it (no ``source``)."""
     d = to_dict(scn)

@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import itertools
-import math
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from asyncsim._factory import keyword_options
-from asyncsim.config import Scenario, from_dict, to_dict
+from asyncsim import _checks
+from asyncsim._registry import check_options
+from asyncsim.config import Scenario, check_momentum_kind, from_dict, to_dict
 from asyncsim.errors import ScenarioError, did_you_mean
 
 PROFILES = ("smoke", "default", "paper")
@@ -64,15 +63,6 @@ def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
             raise ScenarioError(".".join(parts[: i + 1]), "is not a table, cannot set a key in it")
         cur = nxt
     cur[parts[-1]] = value
-
-
-def get_dotted(d: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    cur: Any = d
-    for p in key.split("."):
-        if not isinstance(cur, Mapping) or p not in cur:
-            return default
-        cur = cur[p]
-    return cur
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,11 +168,6 @@ def load_scenario(
     return scn
 
 
-def base_dir(scn: Scenario) -> Path | None:
-    """The folder relative paths in ``scn`` resolve against (its file's folder)."""
-    return Path(scn.source).parent if scn.source else None
-
-
 def _fill_protocol_defaults(raw: dict[str, Any]) -> None:
     """fixed-delay runs tau + 1 workers (P2's round robin); fill learners when not given."""
     proto = raw.get("protocol")
@@ -194,18 +179,20 @@ def _fill_protocol_defaults(raw: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- checks
-def _positive(key: str, value: float | None, *, allow_zero: bool = False, allow_inf=False):
-    if value is None:
-        return
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or (math.isinf(value) and not allow_inf):
-        what = "a non-negative" if allow_zero else "a positive"
-        raise ScenarioError(key, f"must be {what} finite number, got {value!r}")
+def _positive(key: str, value: float | None, *, allow_zero: bool = False) -> None:
+    if value is not None:
+        (_checks.nonneg if allow_zero else _checks.positive)(key, value, finite=True)
 
 
 def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     """Cross-field checks: registries, ranges, protocol parameters against the cluster."""
-    from asyncsim import delays, protocols
+    # The registries are imported here, not at the top: the models', data sets' and rules'
+    # modules import JAX (~1.5 s), and a file with a misspelt key (caught by from_dict before
+    # this runs) should be reported at once (tests/test_cli.py).
+    from asyncsim.numerics.data import check_batch_size, declared_train_size
+    from asyncsim.numerics.lr_rules import get_lr_rule
+    from asyncsim.timing.delays import make_delay
+    from asyncsim.timing.protocols import get_protocol_class
 
     for key, seed in (("seed", scn.seed), ("cluster.seed", scn.cluster.seed)):
         # numpy's SeedSequence takes no negative seed, and JAX keys keep 32 bits: seed 2**32
@@ -221,9 +208,9 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
             raise ScenarioError("cluster.compute", f"a per-learner list needs {lam} entries "
                                 f"(cluster.learners), got {len(c.compute)}")
         for i, spec in enumerate(c.compute):
-            delays.make_delay(spec, key=f"cluster.compute[{i}]", base_dir=base_dir)
+            make_delay(spec, key=f"cluster.compute[{i}]", base_dir=base_dir)
     else:
-        delays.make_delay(c.compute, key="cluster.compute", base_dir=base_dir)
+        make_delay(c.compute, key="cluster.compute", base_dir=base_dir)
     if c.speed is not None:
         if len(c.speed) != lam:
             raise ScenarioError("cluster.speed", f"needs {lam} entries (cluster.learners), "
@@ -233,23 +220,21 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     for direction in ("pull", "push"):
         link = getattr(c.network, direction)
         key = f"cluster.network.{direction}"
-        delays.make_delay(link.latency, key=f"{key}.latency", base_dir=base_dir)
+        make_delay(link.latency, key=f"{key}.latency", base_dir=base_dir)
         if not link.bandwidth > 0:
             raise ScenarioError(f"{key}.bandwidth", f"must be a positive number of bytes per "
                                 f"second (inf = free), got {link.bandwidth!r}")
         if link.bytes is not None and link.bytes < 0:
             raise ScenarioError(f"{key}.bytes", f"must be >= 0, got {link.bytes}")
     if c.ps_service is not None:
-        delays.make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
+        make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
 
-    protocols.get_protocol_class(scn.protocol.kind).check(scn.protocol, lam)
+    get_protocol_class(scn.protocol.kind).check(scn.protocol, lam)
 
     o = scn.optimizer
     _positive("optimizer.lr", o.lr)
-    from asyncsim import core
-
-    core.get_lr_rule(o.lr_rule)  # an unknown (or unloadable) rule names optimizer.lr_rule
-    core.check_momentum_kind(o.momentum.kind)
+    get_lr_rule(o.lr_rule)  # an unknown (or unloadable) rule names optimizer.lr_rule
+    check_momentum_kind(o.momentum.kind)
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
     _positive("optimizer.weight_decay", o.weight_decay, allow_zero=True)
@@ -291,50 +276,16 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
             raise ScenarioError(f"sweep.{k}", "must be a non-empty list of values")
 
 
-def check_batch_size(batch_size: int, n_train: int, data_name: str) -> None:
-    """A mini-batch draws without replacement from one pass over the train set (see
-    :func:`asyncsim.data.batch_indices`), so it holds at most ``n_train`` samples."""
-    if batch_size > n_train:
-        raise ScenarioError("data.batch_size",
-                            f"is {batch_size}, more than the {n_train} training samples of "
-                            f"data {data_name!r}; allowed: 1 to {n_train} (a full batch)")
-
-
-def declared_train_size(name: str, options: Mapping[str, Any]) -> int | None:
-    """``data.n_train`` as given, else the factory's integer default; None when unknown
-    before the data set is built (the engine checks the batch size again then;
-    :func:`asyncsim.api.train_size` falls back to CIFAR10's 50,000)."""
-    from asyncsim.data import dataset_factory
-
-    n = options.get("n_train")
-    if n is None:
-        try:
-            n = inspect.signature(dataset_factory(name)).parameters.get("n_train")
-        except (TypeError, ValueError):
-            return None
-        n = None if n is None else n.default
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
-
-
 def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
-    """Model/data names against their registries; options against the factory signature."""
-    if section == "model":
-        from asyncsim.models import model_factory as lookup
-    else:
-        from asyncsim.data import dataset_factory as lookup
-    factory = lookup(name)  # an unknown (or unloadable) name is a ScenarioError under .name
-    try:
-        allowed, accepts_any = keyword_options(factory, exclude=("seed", "self"))
-    except (TypeError, ValueError):  # no inspectable signature: the factory will say
-        return
-    if accepts_any:
-        return
-    for k in options:
-        if k not in allowed:
-            raise ScenarioError(f"{section}.{k}", f"unknown option for {section} {name!r}; "
-                                f"allowed: name, {', '.join(allowed) or '(no options)'}"
-                                + (", batch_size" if section == "data" else "")
-                                + did_you_mean(k, allowed))
+    """Model/data names against their registries; options against the factory signature
+    (the one option checker, :func:`asyncsim._registry.check_options`)."""
+    from asyncsim.numerics.data import dataset_factory  # see validate
+    from asyncsim.numerics.models import model_factory
+
+    factory = (model_factory if section == "model" else dataset_factory)(name)
+    check_options(factory, options, key=section, what=section, name=name, noun="option",
+                  exclude=("seed",), also=("name", "batch_size") if section == "data"
+                  else ("name",), base_dir=None)
 
 
 # ----------------------------------------------------------------------------- sweeps

@@ -24,16 +24,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from asyncsim import runs
+from asyncsim._registry import option_defaults
 from asyncsim.config import Scenario, to_dict
+from asyncsim.drivers.choose import sweep_path
+from asyncsim.drivers.driver import numerics_for
+from asyncsim.drivers.online import run
+from asyncsim.drivers.replay import replay
+from asyncsim.drivers.scan import replay_scan
+from asyncsim.drivers.trace_only import trace_run
+from asyncsim.drivers.vmapped import hyper_of, replay_vmapped
 from asyncsim.errors import ScenarioError
+from asyncsim.numerics.data import dataset_factory
+from asyncsim.numerics.models import model_factory
 from asyncsim.scenario import apply_point, sweep_points
+from asyncsim.trace import Trace
 
 INDEX = "index.csv"
 HEADLINE = ("final_test_error", "final_train_loss", "diverged", "diverged_at",
@@ -72,9 +84,6 @@ def plan(scn: Scenario) -> list[dict[str, Any]]:
 
 def _run_point(item: Mapping[str, Any], folder: Path, shared_trace, *, progress: bool):
     """Run one point: replay of the group's trace when it is shared, else an online run."""
-    from asyncsim.online import run
-    from asyncsim.replayer import replay
-
     scn = item["scenario"]
     if shared_trace is not None:
         return replay(scn, shared_trace, out=folder, force=True, progress=progress,
@@ -170,8 +179,6 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
     position, so an edited sweep file must not silently reuse another setup's run)."""
     if not runs.is_complete(folder):
         return False
-    import tomllib
-
     try:
         saved = tomllib.loads((folder / "scenario.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
@@ -184,12 +191,6 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
 def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
     """Fill the model's and data set's unstated options with their factories' defaults, so
     a saved scenario that spells out a default equals one that leaves it out."""
-    import inspect
-    import tomllib
-
-    from asyncsim.data import dataset_factory
-    from asyncsim.models import model_factory
-
     for section, lookup in (("model", model_factory), ("data", dataset_factory)):
         sec = d.get(section)
         if not isinstance(sec, dict):
@@ -198,11 +199,11 @@ def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
             factory = lookup(sec.get("name"))
         except ScenarioError:  # not installed here: compare the options as written
             continue
-        for name, p in inspect.signature(factory).parameters.items():
-            if name in sec or name == "seed" or p.default in (p.empty, None):
+        for name, default in option_defaults(factory).items():
+            if name in sec or name == "seed" or default is None:
                 continue
             try:  # through TOML, so a default tuple compares equal to a saved list
-                sec[name] = tomllib.loads(runs.dump_toml({"v": p.default}))["v"]
+                sec[name] = tomllib.loads(runs.dump_toml({"v": default}))["v"]
             except (TypeError, tomllib.TOMLDecodeError):
                 continue
     return d
@@ -210,8 +211,6 @@ def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
 
 def _hyper_only(todo, scn: Scenario):
     """Core hyperparameters per point when the points of a group differ only in those."""
-    from asyncsim.replayer import hyper_of
-
     keys = sorted({k for it in todo for k in it["keys"]})
     varying = [k for k in keys if len({repr(it["keys"].get(k)) for it in todo}) > 1]
     hypers = []
@@ -227,11 +226,8 @@ def _hyper_only(todo, scn: Scenario):
 
 def _vmap_job(todo, hypers, out, trace, vmap):
     def job():
-        from asyncsim.engine import Numerics
-        from asyncsim.replayer import replay, replay_scan, replay_vmapped, sweep_path
-
         base = todo[0]["scenario"]
-        num = Numerics(base)
+        num = numerics_for(base)
         folders = [out / it["point"] for it in todo]
         # "always" skips the probe (its compiles cost more than a small sweep saves).
         mode, path = (("vmapped", "loop") if vmap == "always"
@@ -261,30 +257,13 @@ def _job(it, folder, trace, progress):
 
 def _trace_job(it, folder):
     def job():
-        from asyncsim.api import trace_run
-
         return trace_run(it["scenario"], folder, force=True).summary
     job.scenarios = [it["scenario"]]
     return job
 
 
-def _local(jobs: Sequence[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
-    return [j() for j in jobs]
-
-
 def _group_trace(scn: Scenario, folder: Path):
     """The shared timing of a group: simulated once, saved, reused on a resumed sweep."""
-    from asyncsim.api import trace_run
-    from asyncsim.trace import Trace
-
     if runs.is_complete(folder):
         return Trace.load(folder)
     return trace_run(scn, folder, force=True).trace
-
-
-def read_index(out: str | Path) -> pd.DataFrame:
-    """A sweep's index table (raises FileNotFoundError naming the folder if absent)."""
-    path = Path(out) / INDEX
-    if not path.exists():
-        raise FileNotFoundError(f"{out}: no {INDEX}; run the sweep first")
-    return pd.read_csv(path)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asyncsim.runs import jsonable
+from asyncsim._io import atomic, jsonable, write_text
 
 GRAD_COLUMNS: dict[str, type] = {
     "learner": np.int32,
@@ -40,6 +40,8 @@ GRAD_COLUMNS: dict[str, type] = {
     "t_arrive": np.float64,  # the gradient reached the PS
     "t_apply": np.float64,  # the update that took it was applied
 }
+FILES = ("trace_grads.parquet", "trace_updates.parquet", "trace_meta.json")  # Trace.save
+
 UPDATE_COLUMNS: dict[str, type] = {
     "version": np.int64,  # the PS timestamp the update was applied at (it creates version+1)
     "time": np.float64,
@@ -99,6 +101,34 @@ class Trace:
         s = int(self.updates["start"][v])
         return slice(s, s + int(self.updates["n_grads"][v]))
 
+    def iter_updates(self) -> Iterator[tuple[int, list[tuple[int, int, int, int]], float]]:
+        """``(version, rows, time)`` per update, in order; ``rows`` are the timing rows
+        ``(learner, batch, read_version, staleness)`` of the gradients it took, in the order
+        the PS took them. The one loop over a trace that every loop executor uses."""
+        g, u = self.grads, self.updates
+        learner, batch = g["learner"].tolist(), g["batch"].tolist()
+        read, stale = g["read_version"].tolist(), g["staleness"].tolist()
+        starts, counts, times = u["start"].tolist(), u["n_grads"].tolist(), u["time"].tolist()
+        for v in range(self.num_updates):
+            s = starts[v]
+            yield v, [(learner[i], batch[i], read[i], stale[i])
+                      for i in range(s, s + counts[v])], times[v]
+
+    def truncate(self, updates: int, *, stop_reason: str | None = None) -> Trace:
+        """The first ``updates`` updates (a diverged run stops early, a probe times a few);
+        ``stop_reason`` replaces the meta's, and ``sim_time`` becomes the last update's time
+        when updates are cut."""
+        if updates >= self.num_updates:
+            n, meta = self.num_gradients, dict(self.meta)
+        else:
+            n = int(self.updates["start"][updates])
+            meta = {**self.meta, "sim_time": float(self.updates["time"][updates - 1])
+                    if updates else 0.0}
+        if stop_reason is not None:
+            meta["stop_reason"] = stop_reason
+        return Trace({k: v[:n] for k, v in self.grads.items()},
+                     {k: v[:updates] for k, v in self.updates.items()}, meta)
+
     # ------------------------------------------------------------------ statistics
     def staleness_stats(self, *, skip: int = 0) -> dict[str, float]:
         """Mean, max, p99 and std of staleness, optionally after ``skip`` warm-up updates."""
@@ -123,6 +153,13 @@ class Trace:
             "freq": counts / max(int(tau.size), 1),
         })
 
+    def summary(self) -> dict[str, Any]:
+        """The trace's headline figures for ``summary.json``: gradients, updates, sim_time,
+        staleness mean/max/p99/std and trace_hash."""
+        return {"gradients": self.num_gradients, "updates": self.num_updates,
+                "sim_time": float(self.meta.get("sim_time", 0.0)), **self.staleness_stats(),
+                "trace_hash": self.hash()}
+
     def hash(self) -> str:
         """SHA-256 over every column's bytes (in a fixed column order): the trace's identity."""
         h = hashlib.sha256()
@@ -144,12 +181,10 @@ class Trace:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for name, table in (("trace_grads", self.grads), ("trace_updates", self.updates)):
-            tmp = folder / f".{name}.parquet.tmp"
-            pd.DataFrame(dict(table)).to_parquet(tmp, index=False)
-            os.replace(tmp, folder / f"{name}.parquet")
-        tmp = folder / ".trace_meta.json.tmp"
-        tmp.write_text(json.dumps(jsonable(dict(self.meta)), indent=1, sort_keys=True))
-        os.replace(tmp, folder / "trace_meta.json")
+            with atomic(folder / f"{name}.parquet") as tmp:
+                pd.DataFrame(dict(table)).to_parquet(tmp, index=False)
+        write_text(folder / "trace_meta.json",
+                   json.dumps(jsonable(dict(self.meta)), indent=1, sort_keys=True))
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> Trace:

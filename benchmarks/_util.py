@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from asyncsim.data import batch_indices
+from asyncsim.numerics.data import batch_indices
 
 
 def best(fn: Callable[[], object], repeat: int = 3) -> float:

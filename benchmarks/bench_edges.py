@@ -33,8 +33,13 @@ def bench_table() -> tuple[float, int]:
 
 def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
     from asyncsim.api import simulate
-    from asyncsim.edges import ScanExecutor, default_steps, quadratic_scenario, stable_mask
     from asyncsim.stability import edge
+    from asyncsim.stability.measured import (
+        ScanExecutor,
+        default_steps,
+        quadratic_scenario,
+        stable_mask,
+    )
 
     taus = list(range(20))
     steps = default_steps(max(taus))

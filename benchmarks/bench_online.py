@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _util import best, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
-from asyncsim.engine import Numerics  # noqa: E402
-from asyncsim.online import run  # noqa: E402
+from asyncsim.api import run  # noqa: E402
+from asyncsim.numerics.numerics import Numerics  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 
 

@@ -34,9 +34,9 @@ def main() -> None:
 
     import ray
 
-    from asyncsim.api import trace_run
-    from asyncsim.online import run
-    from asyncsim.real import RealCluster, calibrate, compare, real_run
+    from asyncsim.api import run, trace_run
+    from asyncsim.calibrate import calibrate, compare
+    from asyncsim.drivers.real import RealCluster, real_run
     from asyncsim.scenario import load_scenario
 
     out = Path(args.out)

@@ -30,18 +30,16 @@ from _util import (  # noqa: E402
     plain_sgd_scan,
 )
 
-from asyncsim.api import simulate  # noqa: E402
-from asyncsim.engine import Numerics  # noqa: E402
-from asyncsim.models import num_params  # noqa: E402
-from asyncsim.online import run  # noqa: E402
-from asyncsim.replayer import (  # noqa: E402
-    replay,
-    replay_scan,
-    replay_vmapped,
-    slot_plan,
-    sweep_path,
-    truncate,
+from asyncsim.api import (
+    run,  # noqa: E402
+    simulate,  # noqa: E402
 )
+from asyncsim.drivers.choose import sweep_path  # noqa: E402
+from asyncsim.drivers.replay import replay  # noqa: E402
+from asyncsim.drivers.scan import replay_scan, slot_plan  # noqa: E402
+from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
+from asyncsim.numerics.models import num_params  # noqa: E402
+from asyncsim.numerics.numerics import Numerics  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +69,7 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
         fns["replay scan"] = lambda: replay_scan(scn, trace, numerics=num).params
         fns["plain scan"] = plain_sgd_scan(num, 0.001, batches, mu)
         # The scan path's other store, side by side: stale parameter versions in a buffer.
-        store = replay_scan(scn, truncate(trace, 50), numerics=num).summary["replay_store"]
+        store = replay_scan(scn, trace.truncate(50), numerics=num).summary["replay_store"]
         if store == "gradients":
             fns["replay scan, versions"] = lambda: replay_scan(scn, trace, numerics=num,
                                                                store="versions").params

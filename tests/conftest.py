@@ -23,6 +23,18 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 PLUGIN_DIR = Path(__file__).parent / "plugin_pkg"
 
 
+@pytest.fixture
+def fresh_registries():
+    """Every plug-in registry (delay models, protocols, lr rules, models, data sets) is put
+    back as it was after the test: what the test registers does not leak into others."""
+    from asyncsim.api import registries
+
+    saved = {group: reg.snapshot() for group, reg in registries().items()}
+    yield registries()
+    for group, reg in registries().items():
+        reg.restore(saved[group])
+
+
 @pytest.fixture(scope="session")
 def installed_plugin(tmp_path_factory):
     """Install tests/plugin_pkg with pip into a temporary target dir on sys.path, offline.
@@ -32,7 +44,7 @@ def installed_plugin(tmp_path_factory):
     distribution and its entry points are visible as soon as the dir is on the path. On
     teardown every registry forgets what it loaded from it.
     """
-    from asyncsim._plugins import registries
+    from asyncsim.api import registries
 
     target = tmp_path_factory.mktemp("plugin_site")
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]

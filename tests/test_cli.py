@@ -131,13 +131,14 @@ def test_a_model_option_the_factory_refuses_leaves_no_folder(tmp_path, capsys, v
     out = tmp_path / "out"
     assert main([verb, str(path), "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"{path}: model: model 'mlp': hidden" in err, err
+    assert len(err.splitlines()) == 1 and (
+        f"{path}: model.hidden: must be a list of positive integers, got [-1]" in err), err
     assert not out.exists()
 
 
 def test_a_plugin_delay_that_turns_nan_mid_run_names_its_key_and_keeps_the_checkpoints(
-        tmp_path, capsys, monkeypatch):
-    from asyncsim import delays
+        tmp_path, capsys, fresh_registries):
+    from asyncsim.timing import delays
 
     class SpoilsAfter5(delays.DelayModel):  # a user's model with a bug that shows at t > 5
         time_dependent = True
@@ -145,7 +146,6 @@ def test_a_plugin_delay_that_turns_nan_mid_run_names_its_key_and_keeps_the_check
         def sample(self, rng, learner, now):
             return math.nan if now > 5.0 else 0.01
 
-    monkeypatch.setattr(delays._registry, "direct", dict(delays._registry.direct))
     delays.register_delay("spoils-test")(SpoilsAfter5)
     path = write(tmp_path, GOOD.replace("updates = 50", "updates = 50\ncheckpoint_every = 2")
                  + '\n[cluster.network.push]\nlatency = { dist = "spoils-test" }\n'
@@ -366,8 +366,9 @@ def test_replay_says_how_it_compares_with_the_source_run(tmp_path, capsys):
     assert "timing-only trace" in line and s["matches_source"] is None
 
 
-def test_replay_scan_of_uneven_updates_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    from asyncsim import protocols
+def test_replay_scan_of_uneven_updates_is_refused_in_one_line(tmp_path, capsys,
+                                                              fresh_registries):
+    from asyncsim.timing import protocols
 
     class OneThenTwo(protocols.Protocol):  # updates of 1, 2, 1, 2, ... gradients
         def __init__(self, cfg, learners):
@@ -383,7 +384,6 @@ def test_replay_scan_of_uneven_updates_is_refused_in_one_line(tmp_path, capsys, 
                 batch, self.buffer, self.take = self.buffer, [], 3 - self.take
                 sim.apply_update(batch)
 
-    monkeypatch.setattr(protocols._registry, "direct", dict(protocols._registry.direct))
     protocols.register_protocol("one-then-two-test")(OneThenTwo)
     path = write(tmp_path, GOOD.replace('kind = "softsync"\nn = 2', 'kind = "one-then-two-test"')
                  .replace("updates = 50", "updates = 6")

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from asyncsim import testing
 from asyncsim.api import simulate
-from asyncsim.invariants import TraceInvariantError, check_trace
 from asyncsim.scenario import load_scenario
+from asyncsim.testing import TraceInvariantError, check_trace
 
 COLS = ("learner", "batch", "read_version", "apply_version", "staleness",
         "t_pull", "t_push", "t_arrive", "t_apply")

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncsim import core as core_mod
 from asyncsim.config import MomentumConfig, OptimizerConfig, ScheduleConfig
-from asyncsim.core import (
+from asyncsim.numerics.core import (
     CoreState,
     as_optax,
     available_lr_rules,
@@ -80,14 +79,6 @@ def opt(lr=0.1, rule="constant", kind="none", beta=0.9, **kw) -> OptimizerConfig
 def structure_and_dtypes(state: CoreState):
     leaves, treedef = jax.tree_util.tree_flatten(state)
     return treedef, [(jnp.result_type(x), jnp.shape(x)) for x in leaves]
-
-
-@pytest.fixture
-def clean_registry():
-    before = dict(core_mod._lr_rules.direct)
-    yield
-    core_mod._lr_rules.direct.clear()
-    core_mod._lr_rules.direct.update(before)
 
 
 # ----------------------------------------------------------------------------- rules table
@@ -563,7 +554,7 @@ def test_stability_edge_values():
 
 
 # ----------------------------------------------------------------------------- registry
-def test_user_rule_registration(clean_registry):
+def test_user_rule_registration(fresh_registries):
     @register_lr_rule("test-halved")
     def halved(lr, staleness, mean_staleness):
         return 0.5 * lr  # a scalar is broadcast to [c]

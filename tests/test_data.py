@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asyncsim.data import (
+from asyncsim.numerics.data import (
     CIFAR10_SHA256,
     DataError,
     Dataset,
@@ -47,20 +47,18 @@ def test_registry():
     assert {"synthetic-cifar", "cifar10", "gaussian"} <= set(available_datasets())
     with pytest.raises(ValueError, match="allowed: .*cifar10.*synthetic-cifar"):
         get_dataset("mnist", seed=0)
-    with pytest.raises(ValueError, match=r"unknown option\(s\) n_trian.*allowed: n_train"):
+    with pytest.raises(ValueError, match=r"data.n_trian: unknown option for data "
+                                         r"'synthetic-cifar'; allowed: name, batch_size, n_train"):
         get_dataset("synthetic-cifar", seed=0, n_trian=5)
-    with pytest.raises(ValueError, match="n_train must be a positive integer"):
+    with pytest.raises(ValueError, match="data.n_train: must be a positive integer"):
         get_dataset("synthetic-cifar", seed=0, n_train=-5)
 
 
-def test_registered_factory_options_checked_like_models(monkeypatch):
+def test_registered_factory_options_checked_like_models(fresh_registries):
     """A plug-in data set gets the same option check as a model: named unknown options are
     refused listing the allowed ones (never ``seed``, which asyncsim passes itself), a
     factory with ``**options`` receives whatever the scenario gives, and DataError (a
     missing file) passes through unchanged."""
-    import asyncsim.data as data_mod
-
-    monkeypatch.setattr(data_mod._registry, "direct", dict(data_mod._registry.direct))
     seen = {}
 
     @register_dataset("plug-fixed")
@@ -75,8 +73,9 @@ def test_registered_factory_options_checked_like_models(monkeypatch):
         return get_dataset("gaussian", seed=seed, n_train=4, n_test=4)
 
     assert get_dataset("plug-fixed", seed=1, size=6).x_train.shape[0] == 6
-    with pytest.raises(ValueError, match=r"'plug-fixed': unknown option\(s\) sise; "
-                                         r"allowed: size \(did you mean 'size'\?\)$"):
+    with pytest.raises(ValueError, match=r"data.sise: unknown option for data 'plug-fixed'; "
+                                         r"allowed: name, batch_size, size "
+                                         r"\(did you mean 'size'\?\)$"):
         get_dataset("plug-fixed", seed=1, sise=6)
     with pytest.raises(DataError, match="no file"):
         get_dataset("plug-fixed", seed=1, size=9)
@@ -84,13 +83,12 @@ def test_registered_factory_options_checked_like_models(monkeypatch):
     assert seen == {"colour": "red", "seed": 2}
 
 
-def test_batch_larger_than_the_train_set_is_refused(monkeypatch):
+def test_batch_larger_than_the_train_set_is_refused(fresh_registries):
     """A mini-batch draws without replacement from one pass, so batch_size <= n_train: the
     scenario check refuses more when n_train is declared (given, or the factory's default),
     and the engine when only the built data set knows its size."""
-    import asyncsim.data as data_mod
-    from asyncsim.engine import Numerics
     from asyncsim.errors import ScenarioError
+    from asyncsim.numerics.numerics import Numerics
     from asyncsim.scenario import load_scenario
 
     def scn(data):
@@ -104,8 +102,6 @@ def test_batch_larger_than_the_train_set_is_refused(monkeypatch):
     with pytest.raises(ScenarioError, match="more than the 10000 training samples"):
         scn({"name": "synthetic-cifar", "batch_size": 10_001})  # the factory's default
     scn({"name": "synthetic-cifar", "n_train": 32, "batch_size": 32})  # a full batch is fine
-
-    monkeypatch.setattr(data_mod._registry, "direct", dict(data_mod._registry.direct))
 
     @register_dataset("plug-sized")
     def sized(*, seed, size=4):

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncsim import delays
 from asyncsim.config import ClusterConfig, ProtocolConfig, Scenario, from_dict, to_dict
-from asyncsim.delays import DelayModel, DelayStream, make_delay, register_delay
 from asyncsim.errors import ScenarioError
 from asyncsim.testing import DELAY_DISTS, clusters, delay_specs, protocols, scenarios
+from asyncsim.timing import delays
+from asyncsim.timing.delays import DelayModel, DelayStream, make_delay, register_delay
 
 SEED = 20160101
 
@@ -43,18 +43,6 @@ BUILTINS = {
 }
 CASES = list(BUILTINS.values())
 IDS = list(BUILTINS)
-
-
-@pytest.fixture
-def registry():
-    """Restore the registries after a test that registers models."""
-    reg = delays._registry
-    saved = dict(reg.direct), dict(reg.plugins)
-    yield
-    reg.direct.clear()
-    reg.direct.update(saved[0])
-    reg.plugins.clear()
-    reg.plugins.update(saved[1])
 
 
 def _ks(a: np.ndarray, b: np.ndarray) -> float:
@@ -373,7 +361,7 @@ def test_stream_rejects_bad_arguments(kw):
 
 
 # ----------------------------------------------------------------------------- registry
-def test_registered_user_class_gets_the_same_checks(registry):
+def test_registered_user_class_gets_the_same_checks(fresh_registries):
     @register_delay("ramp-test")
     class UserRamp(Ramp):
         def __init__(self, slope: float, floor: float = 0.0) -> None:
@@ -396,7 +384,7 @@ def test_registered_user_class_gets_the_same_checks(registry):
         assert err.value.key == key and word in err.value.message
 
 
-def test_duck_typed_class_is_wrapped_and_mean_settable(registry):
+def test_duck_typed_class_is_wrapped_and_mean_settable(fresh_registries):
     class Plain:
         def __init__(self, mean: float) -> None:
             self.mean = mean
@@ -416,7 +404,7 @@ def test_duck_typed_class_is_wrapped_and_mean_settable(registry):
     assert Sub(3.0).mean == 3.0
 
 
-def test_register_conflicts(registry):
+def test_register_conflicts(fresh_registries):
     with pytest.raises(ValueError, match="already registered"):
         register_delay("lognormal")(Ramp)
     with pytest.raises(ValueError):
@@ -459,7 +447,7 @@ def test_entry_point_plugin(installed_plugin):
     assert err.value.key == "x.amplitude"
 
 
-def test_direct_registration_wins_over_entry_point(installed_plugin, registry):
+def test_direct_registration_wins_over_entry_point(installed_plugin, fresh_registries):
     register_delay("weibull-test")(Ramp)
     assert isinstance(make_delay({"dist": "weibull-test"}), Ramp)
 

@@ -12,7 +12,9 @@ import pytest
 
 from asyncsim.api import simulate
 from asyncsim.cli import main
-from asyncsim.edges import (
+from asyncsim.drivers.replay import replay
+from asyncsim.stability import edge
+from asyncsim.stability.measured import (
     ScanExecutor,
     find_edge,
     find_edges,
@@ -21,8 +23,6 @@ from asyncsim.edges import (
     sharpness_trajectory,
     stable_mask,
 )
-from asyncsim.replayer import replay
-from asyncsim.stability import edge
 
 TAUS = [0, 1, 2, 4, 8, 16, 32]
 KINDS = [("none", 0.0), ("heavy-ball", 0.9), ("dampened", 0.9), ("shifted", 0.9),

@@ -17,23 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from asyncsim import testing
-from asyncsim.api import simulate
-from asyncsim.core import param_hash
-from asyncsim.data import batch_indices
-from asyncsim.engine import Numerics
-from asyncsim.invariants import check_trace
-from asyncsim.online import load_params, run
-from asyncsim.replayer import (
-    ReplayMemoryError,
-    last_use,
-    pending_plan,
-    replay,
-    replay_folder,
-    replay_scan,
-    replay_vmapped,
-    slot_plan,
-)
+from asyncsim.api import replay_folder, run, simulate
+from asyncsim.drivers.driver import load_params
+from asyncsim.drivers.replay import ReplayMemoryError, last_use, replay
+from asyncsim.drivers.scan import pending_plan, replay_scan, slot_plan
+from asyncsim.drivers.vmapped import replay_vmapped
+from asyncsim.numerics.core import param_hash
+from asyncsim.numerics.data import batch_indices
+from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
+from asyncsim.testing import check_trace
 from asyncsim.trace import Trace
 
 TINY_DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
@@ -125,7 +118,7 @@ def test_replay_equals_online(kind, extra, momentum, num_cache):
     ({"kind": "hardsync"}, 6),  # nothing stale: no version buffer, c = 6
 ])
 def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
-    from asyncsim.replayer import choose_path
+    from asyncsim.drivers.choose import choose_path
 
     cluster = {"learners": learners}
     scn = tiny(protocol=proto, cluster=cluster, run={"updates": 30, "eval_every": 10},
@@ -169,17 +162,15 @@ def test_one_scan_program_serves_every_chunk_length():
     """Chunks of any length (evaluation spacing, a trace's tail, the path probes' 12 and 48
     updates) run the same compiled program: its inputs are padded to the chunk size and
     the loop's trip count is an argument."""
-    from asyncsim.replayer import truncate
-
     scn = tiny(run={"updates": 40, "eval_every": 7})  # chunks of 7 and a tail of 5
     num = Numerics(scn)  # its own program cache, whatever other tests compiled
     trace = simulate(scn)
     full = replay_scan(scn, trace, numerics=num)
-    short = replay_scan(scn, truncate(trace, 12), numerics=num, chunk=512)
+    short = replay_scan(scn, trace.truncate(12), numerics=num, chunk=512)
     programs = {k: v for k, v in num._scan_cache.items() if not k[2]}  # single-point ones
     assert len(programs) == 1 and next(iter(programs.values()))._cache_size() == 1
     # Padding rows never run: the 12-update replay equals the first 12 updates of the loop.
-    loop12 = replay(scn, truncate(trace, 12), numerics=num)
+    loop12 = replay(scn, trace.truncate(12), numerics=num)
     for a, b in zip(jax.tree_util.tree_leaves(loop12.params),
                     jax.tree_util.tree_leaves(short.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asyncsim.models import get_model, num_params
+from asyncsim.numerics.models import get_model, num_params
 
 KEY = jax.random.PRNGKey(0)
 
@@ -60,7 +60,7 @@ def test_mse_loss_matches_formula_and_error_is_argmax():
 
 
 def test_mse_hessian_top_eigenvalue_positive_at_init():
-    from asyncsim.sharpness import sharpness
+    from asyncsim.stability.sharpness import sharpness
 
     m = get_model("mlp", hidden=[8], input_shape=[4, 4, 3], activation="tanh", loss="mse")
     x, y = _data((4, 4, 3), b=32)

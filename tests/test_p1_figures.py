@@ -99,8 +99,7 @@ def test_f4_scenario_and_alexnet():
     """P1-F4 is paper-scale only: its file parses and its model builds (shapes only)."""
     import jax
 
-    import asyncsim.models_imagenet  # noqa: F401  (registers "alexnet")
-    from asyncsim.models import get_model
+    from asyncsim.numerics.models import get_model
 
     raw = tomllib.loads((REPO / "scenarios" / "p1_f4_imagenet.toml").read_text())
     assert raw["cluster"]["learners"] == 18 and raw["data"]["batch_size"] == 16

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asyncsim import core, data, delays, models, protocols
-from asyncsim.api import simulate
+from asyncsim.api import run, simulate
 from asyncsim.cli import main
 from asyncsim.errors import ScenarioError
-from asyncsim.online import run
+from asyncsim.numerics import core, data, models
 from asyncsim.scenario import load_scenario
+from asyncsim.timing import delays, protocols
 
 PLUGGED = """
 name = "plugged"
@@ -92,26 +92,23 @@ def test_a_scenario_of_plugins_runs_from_the_cli_and_replays(installed_plugin, t
     assert again["param_hash"] == summary["param_hash"]
 
 
-def test_plugin_rule_equals_the_same_rule_registered_in_python(installed_plugin):
+def test_plugin_rule_equals_the_same_rule_registered_in_python(installed_plugin,
+                                                               fresh_registries):
     core.register_lr_rule("sqrt-staleness-here", lambda lr, tau, mean:
                           lr / jnp.sqrt(jnp.maximum(tau, 1.0)))
-    try:
-        a = run(plugged()).summary["param_hash"]
-        b = run(plugged(optimizer={"lr_rule": "sqrt-staleness-here"}))
-        c = run(plugged(optimizer={"lr_rule": "constant"}))
-    finally:
-        del core._lr_rules.direct["sqrt-staleness-here"]
+    a = run(plugged()).summary["param_hash"]
+    b = run(plugged(optimizer={"lr_rule": "sqrt-staleness-here"}))
+    c = run(plugged(optimizer={"lr_rule": "constant"}))
     assert a == b.summary["param_hash"]
     assert a != c.summary["param_hash"]  # the rule is applied: staleness > 1 occurs
     assert b.trace.max_staleness > 1
 
 
-def test_direct_registration_wins_over_an_entry_point(installed_plugin):
+def test_direct_registration_wins_over_an_entry_point(installed_plugin, fresh_registries):
+    saved = {g: r.snapshot() for g, r in fresh_registries.items()}
     core.register_lr_rule("sqrt-staleness-test", lambda lr, tau, mean: lr * 0 + 7.0)
-    try:
-        assert float(core.get_lr_rule("sqrt-staleness-test")(1.0, jnp.zeros(()), 1.0)) == 7.0
-    finally:
-        del core._lr_rules.direct["sqrt-staleness-test"]
+    assert float(core.get_lr_rule("sqrt-staleness-test")(1.0, jnp.zeros(()), 1.0)) == 7.0
+    fresh_registries["asyncsim.lr_rules"].restore(saved["asyncsim.lr_rules"])
     assert float(core.get_lr_rule("sqrt-staleness-test")(1.0, jnp.full((), 4.0), 1.0)) == 0.5
 
 
@@ -152,11 +149,11 @@ def test_unknown_names_list_installed_plugins(installed_plugin):
     assert err.value.key == "cluster.learners" and "needs >= 2" in err.value.message
 
 
-def test_python_registrations_are_what_another_process_needs():
+def test_python_registrations_are_what_another_process_needs(fresh_registries):
     """What a Ray actor must be sent: the names a scenario uses that were registered in
     Python outside asyncsim (nested delay specs included; a duck-typed delay model as the
     user's own class), never built-ins or entry points; installing them registers them."""
-    from asyncsim._plugins import install_registrations, python_registrations
+    from asyncsim.drivers.plugins import install_registrations, python_registrations
 
     class Ticks:  # duck-typed: asyncsim wraps it
         def sample(self, rng, learner, now):
@@ -165,22 +162,20 @@ def test_python_registrations_are_what_another_process_needs():
     def rule(lr, tau, mean):
         return lr + 0.0 * tau
 
+    saved = {g: r.snapshot() for g, r in fresh_registries.items()}
     delays.register_delay("test-ticks")(Ticks)
     core.register_lr_rule("test-rule", rule)
-    try:
-        scn = load_scenario({
-            "cluster": {"learners": 2, "compute": {"dist": "straggler", "p": 0.5, "factor": 2.0,
-                                                   "base": {"dist": "test-ticks"}}},
-            "optimizer": {"lr_rule": "test-rule"}})
-        regs = python_registrations(scn)
-        assert sorted((g, n) for g, n, _ in regs) == [("asyncsim.delays", "test-ticks"),
-                                                      ("asyncsim.lr_rules", "test-rule")]
-        assert dict(((g, n), o) for g, n, o in regs)["asyncsim.delays", "test-ticks"] is Ticks
-        assert python_registrations(load_scenario({})) == []  # built-ins only
-        del delays._registry.direct["test-ticks"], core._lr_rules.direct["test-rule"]
-        install_registrations(regs)
-        assert core.get_lr_rule("test-rule") is rule
-        assert delays.make_delay({"dist": "test-ticks"}).sample(None, 0, 0.0) == 1.0
-    finally:
-        delays._registry.direct.pop("test-ticks", None)
-        core._lr_rules.direct.pop("test-rule", None)
+    scn = load_scenario({
+        "cluster": {"learners": 2, "compute": {"dist": "straggler", "p": 0.5, "factor": 2.0,
+                                               "base": {"dist": "test-ticks"}}},
+        "optimizer": {"lr_rule": "test-rule"}})
+    regs = python_registrations(scn)
+    assert sorted((g, n) for g, n, _ in regs) == [("asyncsim.delays", "test-ticks"),
+                                                  ("asyncsim.lr_rules", "test-rule")]
+    assert dict(((g, n), o) for g, n, o in regs)["asyncsim.delays", "test-ticks"] is Ticks
+    assert python_registrations(load_scenario({})) == []  # built-ins only
+    for g, r in fresh_registries.items():  # as in a fresh process
+        r.restore(saved[g])
+    install_registrations(regs)
+    assert core.get_lr_rule("test-rule") is rule
+    assert delays.make_delay({"dist": "test-ticks"}).sample(None, 0, 0.0) == 1.0

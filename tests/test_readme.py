@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 
 import asyncsim
-from asyncsim.delays import DelayModel, available_delays
 from asyncsim.testing import check_trace, scenarios
+from asyncsim.timing.delays import DelayModel, available_delays
 
 
 class Weibull(DelayModel):

@@ -14,22 +14,25 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from asyncsim import core, delays, runs  # noqa: E402
-from asyncsim.api import trace_run  # noqa: E402
-from asyncsim.delays import DelayModel, register_delay  # noqa: E402
-from asyncsim.invariants import check_trace  # noqa: E402
-from asyncsim.real import (  # noqa: E402
+from asyncsim import runs  # noqa: E402
+from asyncsim.api import (  # noqa: E402
+    replay,
+    replay_folder,
+    trace_run,  # noqa: E402
+)
+from asyncsim.calibrate import calibrate, compare  # noqa: E402
+from asyncsim.drivers.real import (  # noqa: E402
     RealCluster,
     RealRunError,
-    calibrate,
-    compare,
     ensure_ray,
     ray_executor,
     real_run,
 )
-from asyncsim.replayer import replay, replay_folder  # noqa: E402
+from asyncsim.numerics import core  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402
+from asyncsim.testing import check_trace  # noqa: E402
+from asyncsim.timing.delays import DelayModel, register_delay  # noqa: E402
 from asyncsim.trace import Trace  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -135,7 +138,7 @@ def test_killed_learner_hardsync_goes_on_with_live_learners(cluster, tmp_path):
     # hardsync waits for live learners only: the round learner 1 dies in (2), and the next
     # ones until Ray has restarted it, complete with the others' gradients; it rejoins at a
     # round start (a fresh pull of the current version: staleness 0).
-    from asyncsim.invariants import TraceInvariantError
+    from asyncsim.testing import TraceInvariantError
 
     scn = tiny(protocol={"kind": "hardsync"}, run={"updates": 8, "eval_every": 0})
     out = tmp_path / "kill"
@@ -216,14 +219,11 @@ class HalfOrOne(DelayModel):
 
 
 @pytest.fixture
-def python_plugins():
+def python_plugins(fresh_registries):
     """A learning-rate rule and a delay model registered in this process only, the way a
     script or notebook registers them: Ray actors and tasks never import this file."""
     core.register_lr_rule("test-real-halved", lambda lr, tau, mean: 0.5 * lr + 0.0 * tau)
     register_delay("test-real-half-or-one")(HalfOrOne)
-    yield
-    del core._lr_rules.direct["test-real-halved"]
-    del delays._registry.direct["test-real-half-or-one"]
 
 
 def test_python_registered_plugins_reach_the_actors(cluster, tmp_path, python_plugins):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from asyncsim.sharpness import hvp, sharpness, top_eigenvalue
+from asyncsim.stability.sharpness import hvp, sharpness, top_eigenvalue
 
 
 def _quadratic(eigs, seed=None):
@@ -117,7 +117,7 @@ def test_sharpness_batched_is_full_set(mlp_problem, batch_size):
 
 def test_sharpness_compiles_its_hvp_once_per_model(mlp_problem):
     """A trajectory measures many parameter points: one compiled HVP serves them all."""
-    from asyncsim.sharpness import _batch_hvp
+    from asyncsim.stability.sharpness import _batch_hvp
 
     params, x, y, _ = mlp_problem
     moved = jax.tree_util.tree_map(lambda a: a * 1.1, params)

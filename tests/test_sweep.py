@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from asyncsim.api import simulate
-from asyncsim.engine import Numerics
-from asyncsim.replayer import replay, replay_vmapped
+from asyncsim.drivers.replay import replay
+from asyncsim.drivers.vmapped import replay_vmapped
+from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
 from asyncsim.sweep import plan, run_sweep
 
@@ -57,7 +58,7 @@ def test_vmapped_member_equals_single_replay(path, proto):
 
 
 def test_sweep_path_is_a_measured_choice():
-    from asyncsim.replayer import sweep_path
+    from asyncsim.drivers.choose import sweep_path
 
     scn = load_scenario({**BASE, "run": {"updates": 100, "eval_every": 0}})
     trace = simulate(scn)
@@ -71,7 +72,7 @@ def test_predict_times_separates_fixed_and_per_update_costs():
     # Two fake candidates: A costs 30 ms per call whatever the length, B 1 ms per update.
     # On 1,000 updates A must be predicted ~0.03 s and B ~1 s, although B is the faster
     # one on the 12-update probe.
-    from asyncsim.replayer import predict_times
+    from asyncsim.drivers.choose import predict_times
 
     scn = load_scenario({**BASE, "run": {"updates": 1000}})
     trace = simulate(scn)
@@ -105,7 +106,7 @@ def test_sweep_points_one_by_one_equal_independent_runs(tmp_path):
     scn = load_scenario({**BASE, "sweep": {"optimizer.lr": [0.01, 0.03]}})
     index = run_sweep(scn, tmp_path / "sw", vmap="never")
     assert not index["vmapped"].any() and (index["replay_path"] == "loop").all()
-    from asyncsim.online import run
+    from asyncsim.api import run
 
     for _, row in index.iterrows():
         single = load_scenario({**BASE, "optimizer": {**BASE["optimizer"],
@@ -116,7 +117,7 @@ def test_sweep_points_one_by_one_equal_independent_runs(tmp_path):
 def test_a_seed_sweep_over_a_fixed_timing_seed_shares_one_trace(tmp_path):
     # cluster.seed fixes the timeline; `seed` then varies only the numerics (data, init,
     # batch order): one trace, and each point equals its own independent online run.
-    from asyncsim.online import run
+    from asyncsim.api import run
 
     fixed = {**BASE, "cluster": {**BASE["cluster"], "seed": 5}}
     scn = load_scenario({**fixed, "sweep": {"seed": [0, 1]}})

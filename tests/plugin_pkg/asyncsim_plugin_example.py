@@ -2,7 +2,7 @@
 
 One of each kind a scenario file refers to by name, each exposed through its entry-point
 group in ``pyproject.toml``: delay models (``Weibull`` subclasses
-:class:`asyncsim.delays.DelayModel`; ``Diurnal`` is duck-typed, which asyncsim wraps), a
+:class:`asyncsim.DelayModel`; ``Diurnal`` is duck-typed, which asyncsim wraps), a
 protocol (``Pairs``), a learning-rate rule (``sqrt_staleness``), a model (``affine``) and a
 data set (``ramp``).
 """
@@ -14,11 +14,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from asyncsim.data import Dataset
-from asyncsim.delays import DelayModel
-from asyncsim.errors import ScenarioError
-from asyncsim.models import Model
-from asyncsim.protocols import Protocol
+from asyncsim import Dataset, DelayModel, Model, Protocol, ScenarioError
 
 
 class Weibull(DelayModel):

@@ -58,17 +58,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from asyncsim.config import MOMENTUM_KINDS as CORE_MOMENTUM_KINDS
+
 __all__ = [
     "MOMENTUM_KINDS",
+    "asymptote",
     "char_poly",
     "edge",
     "edge_table",
-    "lr_for_delay",
+    "effective_edge",
     "spectral_radius",
 ]
 
-MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "shifted")
-LR_RULES = ("constant", "inverse-staleness", "stability-edge")
+# The core's momentum kinds with a closed-form edge here (nesterov has none yet).
+MOMENTUM_KINDS = tuple(k for k in CORE_MOMENTUM_KINDS if k != "nesterov")
 
 # Bisection halves a bracket of width π; 60 halvings reach the spacing of doubles near π.
 _BISECTION_STEPS = 60
@@ -275,34 +278,6 @@ def asymptote(tau, momentum: str = "none", beta=0.0):
         else:
             out = np.sqrt(1 - b**2) * np.arccos(b) / (t + 1)
     return float(out) if np.ndim(out) == 0 else out
-
-
-def lr_for_delay(eta0, tau, rule: str = "stability-edge"):
-    """Learning rate for delay τ that keeps the synchronous set of reachable minima.
-
-    Rules (broadcast over ``eta0`` and ``tau``):
-
-    * ``"constant"``: ``η0`` (the failing baseline of P1-F3 / P2-F1).
-    * ``"inverse-staleness"``: ``η0 / max(τ, 1)`` (P1's ``α0/τ``).
-    * ``"stability-edge"``: ``η0 · sin(π/(4τ+2))`` (P2): since the plain edge is
-      ``η λ_max < 2 sin(π/(4τ+2))`` and synchronous training admits ``λ_max < 2/η0``,
-      this η admits exactly the same minima; it equals ``η0`` at τ = 0 and ``≈ η0·π/(4τ)``
-      for large τ.
-    """
-    t = np.asarray(tau, dtype=float)
-    e = np.asarray(eta0, dtype=float)
-    if np.any(t < 0):
-        raise ValueError("tau must be non-negative")
-    if rule == "constant":
-        out = e + 0 * t
-    elif rule == "inverse-staleness":
-        out = e / np.maximum(t, 1.0)
-    elif rule == "stability-edge":
-        # τ = 0: sin(π/2) = 1 → η0.
-        out = e * np.sin(np.pi / (4 * t + 2))
-    else:
-        raise ValueError(f"unknown rule {rule!r}; expected one of {LR_RULES}")
-    return float(out) if out.ndim == 0 else out
 
 
 def edge_table(taus, momenta=MOMENTUM_KINDS, betas=(0.0,)) -> pd.DataFrame:

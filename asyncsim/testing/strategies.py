@@ -1,18 +1,5 @@
-"""Test helpers for asyncsim and its users: hypothesis strategies and trace checks.
-
-Strategies (in the style of ``hypothesis.extra.numpy``) generate valid delay specs, clusters,
-protocols and whole scenarios, small enough that a trace-only simulation of one takes
-milliseconds::
-
-    from hypothesis import given
-    from asyncsim.testing import scenarios
-
-    @given(scenarios(kinds=["softsync"], max_learners=8))
-    def test_staleness_bounded(scn): ...
-
-``check_trace(trace, scenario)`` raises with a clear message on any violated invariant of a
-trace (staleness, ordering, protocol rules); asyncsim's own property tests use it.
-"""
+"""Hypothesis strategies for asyncsim's inputs: delay specs, clusters, protocols, scenarios
+(re-exported by :mod:`asyncsim.testing`)."""
 
 from __future__ import annotations
 
@@ -25,8 +12,6 @@ from hypothesis.errors import InvalidArgument
 from asyncsim.config import ClusterConfig, ProtocolConfig, Scenario, from_dict
 
 __all__ = [
-    "TraceInvariantError",
-    "check_trace",
     "clusters",
     "delay_specs",
     "protocols",
@@ -270,9 +255,3 @@ def scenarios(
     return _scenario_dict(possible, min_learners, max_learners, dists, max_updates).map(
         lambda d: from_dict(Scenario, d)
     )
-
-
-# --- trace checks ---
-# ``check_trace(trace, scenario)`` raises TraceInvariantError (an AssertionError) naming the
-# violated invariant and the first offending row; see asyncsim/invariants.py for the list.
-from asyncsim.invariants import TraceInvariantError, check_trace  # noqa: E402

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim.errors import ScenarioError, did_you_mean
-from asyncsim.stability import MOMENTUM_KINDS, asymptote, edge_table
+from asyncsim.stability.closed_form import MOMENTUM_KINDS, asymptote, edge_table
 
 
 def _check(args) -> None:
@@ -39,7 +39,9 @@ def stability_table(taus, momenta, betas, *, measure: bool = False) -> pd.DataFr
     table = edge_table(taus, momenta, betas).rename(columns={"edge": "closed_form"})
     if not measure:
         return table
-    from asyncsim.edges import edge_comparison
+    # Imported only with --measure: the measured edges run JAX programs, which the
+    # closed-form table should not wait ~1.5 s to import.
+    from asyncsim.stability.measured import edge_comparison
 
     meas = edge_comparison(list(taus), momenta, betas)
     table = table.merge(meas[["tau", "momentum", "beta", "measured", "rel_error"]],

@@ -1,0 +1,77 @@
+"""The value checks every layer shares: one wording for "must be a positive number" & co.
+
+Each check returns the value (converted where that is the point, e.g. ``integer`` returns an
+``int``) or raises :class:`~asyncsim.errors.ScenarioError` under ``name``. Inside a plug-in
+factory (a delay model's ``__init__``, a model or data-set factory) ``name`` is the option's
+own name; :func:`asyncsim._registry.call_checked` nests it under the scenario key the factory
+was built for (``mean`` -> ``cluster.compute.mean``), so the same check reads right in a
+scenario validator (which passes the full dotted key) and in a factory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from numbers import Integral, Real
+from typing import Any
+
+from asyncsim.errors import ScenarioError, did_you_mean
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool)
+
+
+def positive(name: str, v: Any, *, finite: bool = False) -> float:
+    """``v > 0`` (and finite with ``finite``), as a float."""
+    what = "a positive finite number" if finite else "a positive number"
+    if not _is_number(v) or not v > 0 or (finite and math.isinf(v)):
+        raise ScenarioError(name, f"must be {what}, got {v!r}")
+    return float(v)
+
+
+def nonneg(name: str, v: Any, *, finite: bool = True) -> float:
+    """``v >= 0`` (and finite, by default), as a float."""
+    what = "a finite number >= 0" if finite else "a number >= 0"
+    if not _is_number(v) or not v >= 0 or (finite and math.isinf(v)):
+        raise ScenarioError(name, f"must be {what}, got {v!r}")
+    return float(v)
+
+
+def integer(name: str, v: Any, *, low: int = 1, high: int | None = None) -> int:
+    """An integer in ``low..high`` (``high`` None: no upper bound), as an ``int``."""
+    ok = isinstance(v, Integral) and not isinstance(v, bool) and v >= low
+    if ok and high is not None:
+        ok = v <= high
+    if not ok:
+        if high is not None:
+            what = f"an integer in {low}..{high}"
+        else:
+            what = {1: "a positive integer", 0: "an integer >= 0"}.get(low, f"an integer >= {low}")
+        raise ScenarioError(name, f"must be {what}, got {v!r}")
+    return int(v)
+
+
+def choice(name: str, v: Any, allowed: Sequence[str]) -> str:
+    """One of ``allowed``, with a did-you-mean hint for a near miss."""
+    if v not in allowed:
+        raise ScenarioError(name, f"must be one of {', '.join(map(repr, allowed))}, got {v!r}"
+                            f"{did_you_mean(v, allowed)}")
+    return v
+
+
+def flag(name: str, v: Any) -> bool:
+    """``true`` or ``false`` (TOML booleans only: 1 and "yes" are refused)."""
+    if not isinstance(v, bool):
+        raise ScenarioError(name, f"must be true or false, got {v!r}")
+    return v
+
+
+def shape(name: str, v: Any) -> tuple[int, ...]:
+    """A list of positive integers (a single integer is a list of one)."""
+    if isinstance(v, Integral) and not isinstance(v, bool):
+        v = (v,)
+    if (not isinstance(v, Sequence) or isinstance(v, str)
+            or not all(isinstance(x, Integral) and not isinstance(x, bool) and x > 0 for x in v)):
+        raise ScenarioError(name, f"must be a list of positive integers, got {v!r}")
+    return tuple(int(x) for x in v)

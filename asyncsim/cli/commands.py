@@ -1,0 +1,150 @@
+"""The run-folder verbs: ``trace``, ``run`` (sweeps included), ``replay`` and ``figures``.
+
+The scenario is loaded before the API is imported: a misspelt key is then reported in a
+fraction of a second, without waiting ~2 s for JAX and pandas (tests/test_cli.py), hence the
+imports inside the commands.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from asyncsim import runs
+from asyncsim.errors import ScenarioError
+from asyncsim.scenario import load_scenario
+
+
+def _load(args):
+    return load_scenario(args.scenario, profile=getattr(args, "profile", None),
+                         overrides=args.overrides, seed=args.seed)
+
+
+def _print_summary(summary: dict, keys=None) -> None:
+    keys = keys or list(summary)
+    width = max(len(k) for k in keys)
+    for k in keys:
+        if k in summary:
+            v = summary[k]
+            if isinstance(v, float):
+                v = f"{v:.6g}"
+            print(f"  {k:<{width}}  {v}")
+
+
+def cmd_trace(args) -> int:
+    scn = _load(args)  # before the heavy imports: a misspelt key is reported at once
+    from asyncsim.api import trace_run
+
+    if scn.sweep:
+        return _sweep(args, scn, trace_only=True)
+    out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
+    t0 = time.perf_counter()
+    result = trace_run(scn, out, force=args.force, progress=not args.quiet)
+    if not args.quiet:
+        print(f"trace written to {out} in {time.perf_counter() - t0:.2f} s")
+        _print_summary(result.summary, ["gradients", "updates", "sim_time", "staleness_mean",
+                                        "staleness_max", "staleness_p99", "trace_hash"])
+    return 0
+
+
+def cmd_run(args) -> int:
+    if not args.resume and not args.scenario:
+        raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
+    if args.resume:
+        out = runs.resume_folder(args.resume)
+        scn = load_scenario(out / "scenario.toml")
+    else:
+        scn = _load(args)
+        if scn.sweep:
+            return _sweep(args, scn, trace_only=scn.run.trace_only)
+        out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
+    from asyncsim.api import run
+    from asyncsim.figures import draw_figure
+
+    result = run(scn, out=out, resume=bool(args.resume), force=args.force,
+                 progress=not args.quiet, profile=args.profile)
+    if not args.quiet:
+        print(f"run folder: {out}")
+        _print_summary(result.summary, ["updates", "gradients", "epochs", "sim_time",
+                                        "staleness_mean", "staleness_max", "final_test_error",
+                                        "diverged", "wall_time", "param_hash"])
+    fig = scn.figure.get("name")
+    if fig and not args.no_figure:
+        default = args.profile in (None, "default") and not args.out and not args.resume
+        for path in draw_figure(fig, out, "figures" if default else out):
+            if not args.quiet:
+                print(f"figure: {path}")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from asyncsim.api import replay_folder
+
+    result = replay_folder(args.run_dir, out=args.out, overrides=args.overrides,
+                           force=args.force, progress=not args.quiet, path=args.path)
+    if not args.quiet:
+        _print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
+                                        "wall_time", "param_hash"])
+        print(_source_line(result.summary, args.run_dir, set_by_user=bool(args.overrides)))
+    return 0
+
+
+def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
+    """One line on how a replay compares with the run it replayed."""
+    if summary.get("source_param_hash") is None:
+        if not runs.is_complete(run_dir):
+            return "the source run has no summary.json (it did not finish): nothing to compare"
+        return "the source is a timing-only trace (no parameters): nothing to compare"
+    if summary["matches_source"]:
+        return "same param_hash as the source run: bit-identical parameters"
+    diff = summary.get("max_abs_diff_to_source")
+    line = "param_hash differs from the source run's" + (
+        f": max |difference| over the parameters {diff:.3g}" if diff is not None else "")
+    diverged = [who for who, s in (("source run", runs.read_summary(run_dir)), ("replay", summary))
+                if s.get("diverged")]
+    if diverged:
+        line += f" (the {' and the '.join(diverged)} diverged: non-finite parameters)"
+    if set_by_user:
+        return line + " (--set changed the numerics)"
+    if summary.get("replay_path") == "scan":
+        return line + (" (the scan path agrees with the loop to floating-point tolerance, "
+                       "not bit for bit; --path loop reproduces the hash)")
+    return line + (" (the loop path is bit-identical only on the machine and package versions "
+                   "that recorded the run: see its provenance.json)")
+
+
+def cmd_figures(args) -> int:
+    from asyncsim.figures import draw_figures
+
+    for path in draw_figures(args.names, runs_dir=args.runs, out=args.out,
+                             profile=args.profile):
+        print(path)
+    return 0
+
+
+def _sweep(args, scn, *, trace_only: bool) -> int:
+    """A scenario with [sweep]: run the missing points, write index.csv, draw its figure."""
+    from asyncsim.figures import draw_figure
+    from asyncsim.sweep import run_sweep
+
+    out = Path(args.out) if args.out else Path("runs") / (
+        scn.name + ("" if args.profile in (None, "default") else f"-{args.profile}"))
+    executor = None
+    if getattr(args, "ray", False):
+        # Ray is an optional extra, imported only for --ray.
+        from asyncsim.drivers.real import ray_executor
+
+        executor = ray_executor(address=args.address)
+    index = run_sweep(scn, out, force=args.force, progress=not args.quiet, executor=executor,
+                      trace_only=trace_only)
+    if not args.quiet:
+        cols = [c for c in index.columns if c not in ("folder", "param_hash", "trace_hash")]
+        print(index[cols].to_string(index=False))
+        print(f"sweep index: {out / 'index.csv'}")
+    fig = scn.figure.get("name")
+    if fig and not getattr(args, "no_figure", False):
+        default = args.profile in (None, "default") and not args.out
+        for path in draw_figure(fig, out, "figures" if default else out / "figures"):
+            print(f"figure: {path}")
+    return 0
+

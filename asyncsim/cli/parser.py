@@ -1,0 +1,93 @@
+"""The ``asyncsim`` argument parser. Each verb names the function that runs it as
+``"module:function"`` of this package, imported only when that verb runs (see
+:func:`asyncsim.cli.main`)."""
+
+from __future__ import annotations
+
+import argparse
+
+_DESCRIPTION = ("asyncsim: a discrete-event simulator for staleness and minima selection in "
+                "asynchronous SGD")
+
+def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
+                       optional: bool = False) -> None:
+    p.add_argument("scenario", nargs="?" if optional else None, help="a scenario TOML file")
+    p.add_argument("--out", help="run folder (default: runs/NAME[-PROFILE]/seedN)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set protocol.n=4 (repeatable)")
+    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--force", action="store_true", help="overwrite an existing run folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    if profile:
+        p.add_argument("--profile", choices=("smoke", "default", "paper"), default=None,
+                       help="scale the scenario (smoke: seconds; paper: the papers' setup)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from asyncsim import __version__
+
+    ap = argparse.ArgumentParser(prog="asyncsim", description=_DESCRIPTION)
+    # For bug reports; a run folder's provenance.json records the package versions in full.
+    ap.add_argument("--version", action="version", version=f"asyncsim {__version__}")
+    sub = ap.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser("trace", help="simulate timing only and write the run folder")
+    _add_scenario_args(p)
+    p.set_defaults(func="commands:cmd_trace")
+
+    p = sub.add_parser("run", help="simulate with real gradients (online driver)")
+    _add_scenario_args(p, optional=True)
+    p.add_argument("--resume", metavar="DIR", help="continue an unfinished run folder")
+    p.add_argument("--ray", action="store_true",
+                   help="run the sweep's points as Ray tasks (local Ray unless --address)")
+    p.add_argument("--address", help="join this Ray cluster (with --ray)")
+    p.add_argument("--no-figure", action="store_true", help="do not draw the scenario's figure")
+    p.set_defaults(func="commands:cmd_run")
+
+    p = sub.add_parser("real", help="a real distributed run on Ray (learner and PS actors)")
+    _add_scenario_args(p, optional=True)
+    p.add_argument("--address", help="join an existing Ray cluster (default: start a local one)")
+    p.add_argument("--resume", metavar="DIR", help="continue a real run from its checkpoint")
+    p.set_defaults(func="real:cmd_real")
+
+    p = sub.add_parser("calibrate",
+                       help="fit timing models to a real run's trace; write a scenario")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="scenario to write (default: RUN_DIR/calibrated.toml)")
+    p.add_argument("--kind", choices=("empirical", "parametric"), default="empirical")
+    p.set_defaults(func="real:cmd_calibrate")
+
+    p = sub.add_parser("compare", help="compare two runs' staleness distributions")
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--figure", metavar="PNG", help="draw both distributions")
+    p.set_defaults(func="real:cmd_compare")
+
+    p = sub.add_parser("replay", help="re-execute a recorded trace with the update core")
+    p.add_argument("run_dir")
+    p.add_argument("--out")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--path", choices=("loop", "scan", "auto"), default="loop",
+                   help="loop: jitted steps in a Python loop (bit-exact with online runs); "
+                        "scan: chunks of updates in one lax.scan; auto: measure, then pick")
+    p.set_defaults(func="commands:cmd_replay")
+
+    p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")
+    p.add_argument("--tau", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32])
+    p.add_argument("--momentum", nargs="+", default=["none", "heavy-ball", "dampened", "shifted"])
+    p.add_argument("--beta", type=float, nargs="+", default=[0.9])
+    p.add_argument("--measure", action="store_true",
+                   help="also measure the edge by simulation on a quadratic")
+    p.add_argument("--figure", metavar="PNG", help="write a figure of the edges")
+    p.set_defaults(func="stability:stability_command")
+
+    p = sub.add_parser("figures", help="draw figures from existing run folders only")
+    p.add_argument("names", nargs="*", help="figure names (default: all)")
+    p.add_argument("--runs", default="runs", help="folder holding the run folders")
+    p.add_argument("--out", default="figures")
+    p.add_argument("--profile", choices=("smoke", "default", "paper"), default=None,
+                   help="draw from the runs of this profile (runs/NAME-PROFILE)")
+    p.set_defaults(func="commands:cmd_figures")
+    return ap

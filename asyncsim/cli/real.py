@@ -1,0 +1,67 @@
+"""The verbs of real runs: ``real`` (learner and PS actors on Ray), ``calibrate`` (fit a
+real run's timing as a scenario) and ``compare`` (two runs' staleness distributions)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from asyncsim import runs
+from asyncsim.calibrate import calibrate, compare
+from asyncsim.cli.commands import _load, _print_summary
+from asyncsim.drivers.real import RealRunError, real_run
+from asyncsim.errors import ScenarioError
+from asyncsim.scenario import load_scenario
+
+
+def cmd_real(args) -> int:
+    """``asyncsim real SCENARIO [--address ADDR] [--out DIR] [--set K=V] | --resume DIR``."""
+    if args.resume:
+        out = runs.resume_folder(args.resume, driver="real")
+        scn = load_scenario(out / "scenario.toml")
+    else:
+        if not args.scenario:
+            raise ScenarioError("", "give a scenario file, or --resume RUN_DIR",
+                                file="asyncsim real")
+        scn = _load(args)
+        out = Path(args.out) if args.out else runs.default_out(scn, args.profile).with_name(
+            f"real-seed{scn.seed}")
+    emulate = bool(getattr(args, "emulate_compute", False)) or os.environ.get(
+        "ASYNCSIM_REAL_EMULATE", "") not in ("", "0")
+    try:
+        summary = real_run(scn, out=out, resume=bool(args.resume), force=args.force,
+                           address=args.address, emulate_compute=emulate,
+                           profile=getattr(args, "profile", None))
+    except RealRunError as e:
+        print(f"asyncsim: error: {e}")
+        return 1
+    if not args.quiet:
+        print(f"run folder: {out}")
+        _print_summary(summary, ["updates", "gradients", "sim_time", "staleness_mean",
+                                 "staleness_max", "final_test_error", "diverged", "restarts",
+                                 "updates_per_s", "param_hash"])
+    return 0
+
+
+
+def cmd_calibrate(args) -> int:
+    path = calibrate(args.run_dir, out=args.out, kind=args.kind)
+    print(f"calibrated scenario: {path}")
+    print(f"simulate it with: asyncsim trace {path} --out RUN_B; then "
+          f"asyncsim compare {args.run_dir} RUN_B")
+    return 0
+
+
+
+def cmd_compare(args) -> int:
+    res = compare(args.run_a, args.run_b, figure=args.figure)
+    print(f"{'':<10}{'A':>12}{'B':>12}")
+    for k in ("gradients", "mean", "p99", "max"):
+        print(f"{k:<10}{res[k + '_a']:>12.4g}{res[k + '_b']:>12.4g}")
+    print(f"total variation distance: {res['tv_distance']:.4f}")
+    print(f"{'tau':>5}{'freq A':>10}{'freq B':>10}")
+    for row in res["table"]:
+        print(f"{row['staleness']:>5}{row['freq_a']:>10.4f}{row['freq_b']:>10.4f}")
+    if "figure" in res:
+        print(f"figure: {res['figure']}")
+    return 0

@@ -1,0 +1,74 @@
+"""``asyncsim run``: the online driver — SimPy timing with real JAX gradients as it goes.
+
+The SimPy run (:mod:`asyncsim.timing.cluster`) calls back after every PS update; the
+callback hands the update's timing rows to the one :class:`~asyncsim.drivers.driver.Driver`,
+which computes its gradients on the versions they read and applies the shared update core.
+Parameter versions are kept only while some outstanding gradient still reads them.
+
+Checkpoints and resume: timing never depends on numerics, so ``--resume`` re-simulates the
+timeline (cheap) and restarts the numerics from the checkpoint: the final ``param_hash`` is
+the one an uninterrupted run gives.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from asyncsim import runs
+from asyncsim.config import Scenario
+from asyncsim.drivers.driver import (
+    CKPT,
+    Driver,
+    RunResult,
+    load_checkpoint,
+    message_bytes,
+    numerics_for,
+)
+from asyncsim.numerics.numerics import Numerics
+from asyncsim.timing.cluster import Simulation, run_length
+
+
+def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
+        force: bool = False, progress: bool = False, profile: str | None = None,
+        grouping: str = "auto", numerics: Numerics | None = None) -> RunResult:
+    """Simulate ``scn`` with real gradients (the online driver) and, with ``out``, write it.
+
+    Returns:
+        A :class:`RunResult`; ``summary`` has the trace figures plus ``final_test_error``,
+        ``diverged``, ``diverged_at``, ``param_hash``, ``wall_time``.
+    """
+    folder = runs.prepare(out, resume=resume, force=force) if out is not None else None
+    with runs.removed_on_scenario_error(folder, resume=resume):
+        return _run(scn, folder, resume, progress, profile, grouping, numerics)
+
+
+def _run(scn, folder, resume, progress, profile, grouping, numerics) -> RunResult:
+    """:func:`run` once its folder is prepared."""
+    t0 = time.perf_counter()
+    num = numerics or numerics_for(scn, grouping=grouping)
+    start = None
+    if resume and folder is not None and (folder / CKPT).exists():
+        template = num.init_state()
+        start = load_checkpoint(folder, template, template.params)
+    elif folder is not None:
+        runs.write_scenario(folder, scn)
+        runs.write_provenance(folder, scn, profile=profile)
+    driver = Driver(scn, num, folder=folder, start=start)
+    sim = Simulation(scn, msg_bytes=message_bytes(scn), track_reads=True,
+                     on_update=lambda v, rows: driver.on_update(v, rows, alive=sim.read_refs,
+                                                                now=sim.env.now))
+    limits = run_length(scn, n_train=num.n_train)
+    if progress:
+        from tqdm.auto import tqdm
+
+        driver.pbar = tqdm(total=limits.get("max_updates"), initial=driver.start_version,
+                           unit="upd", mininterval=0.5, leave=False, disable=None)
+    try:
+        trace = sim.run(**limits)
+    finally:
+        if driver.pbar is not None:
+            driver.pbar.close()
+    return driver.finish(trace, t0)
+
+

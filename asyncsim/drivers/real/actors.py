@@ -1,0 +1,563 @@
+"""Real distributed runs on Ray: learner actors, a parameter-server actor, the same numerics.
+
+``asyncsim real SCENARIO`` runs the scenario's cluster for real (DESIGN.md, "real" driver):
+
+* every **learner** is a Ray actor holding its own
+  :class:`~asyncsim.numerics.numerics.Numerics` (same model, same data set, same jitted
+  gradient program); for its ``batch``-th gradient it computes
+  ``num.grad(params, x_train, y_train, learner, batch)`` on the parameters it was sent;
+* the **PS** is a Ray actor that owns the version counter, the core state and the trace. It
+  *serves a pull* by sending the current parameters (an object-store reference, one per
+  version) with the learner's next batch index, collects finished gradients with
+  ``ray.wait`` in arrival order, and hands each arrival to the scenario's **unchanged**
+  protocol object (:mod:`asyncsim.timing.protocols`) through a small stand-in for the SimPy
+  simulation (:class:`_Clock`). When the protocol applies an update, the PS hands the
+  gradients it took, in the protocol's order, to the one
+  :class:`~asyncsim.drivers.driver.Driver`, which applies them with the update program of
+  :meth:`Numerics.update`.
+
+Because the gradients are computed by the identical jitted function on identical inputs, and
+the update by the identical apply, ``asyncsim replay RUN_DIR`` of a real run reproduces its
+``param_hash`` bit for bit (tested).
+
+Protocols: ``async``, ``softsync`` (n), ``hardsync`` and ``ssp`` (s) are supported, plus any
+plug-in protocol that uses only ``on_arrival``/``may_pull`` (not a custom ``start``).
+``fixed-delay`` is P2's *serial* one-device emulation of delay, which has no meaning on a real
+cluster: it is rejected with a ScenarioError.
+
+Times: wall-clock seconds (``time.time()``) relative to the run's start, measured by the PS
+(t_pull = the PS sent the weights, t_arrive = the PS saw the gradient, t_apply = the update
+was applied) and by the learner (t_push = its gradient was ready; ``t_start``, an extra trace
+column, = it started computing). Across machines a learner's clock may be skewed: t_push is
+clamped into [t_pull, t_arrive] so the trace invariants hold.
+
+Compute-time emulation: with ``emulate_compute=True`` (CLI: ``ASYNCSIM_REAL_EMULATE=1``) a
+learner additionally sleeps a draw of ``cluster.compute`` (and ``cluster.speed``) from the
+simulator's own per-learner stream, so heterogeneity can be emulated on a homogeneous
+machine. Off by default: the default compute model (constant 1 s) would dominate.
+
+Faults: learner actors have ``max_restarts=-1``; when one dies, its in-flight gradient is
+lost (recorded in the ``restarts`` table, ``restarts.csv`` and ``trace_meta.json``) and the
+PS re-sends the same batch index to the restarted actor, so program order is kept and no
+gradient is applied twice. The PS checkpoints every ``run.checkpoint_every`` updates (0: by
+wall time, as the online driver)
+(``checkpoint.npz``: core state, the trace so far, restarts); ``asyncsim real --resume DIR``
+restarts from it: updates applied before the checkpoint are kept, later ones (and any
+gradient not yet applied) are recomputed, each learner restarting at its first unapplied
+batch. Hardsync waits for live learners only (``Protocol.on_lost``/``on_back``): the round a
+learner dies in, and the rounds while Ray restarts it (the PS probes it with ``ready``),
+complete with the live learners' gradients (updates with ``n_grads < learners``, listed in
+``trace_meta.json`` as ``short_rounds``); it rejoins at the next round start.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+import ray  # the real driver is Ray's: this package is imported only for real runs
+
+from asyncsim import runs
+from asyncsim.config import Scenario
+from asyncsim.drivers import driver as driver_mod
+from asyncsim.drivers.driver import Driver, load_checkpoint, numerics_for, save_checkpoint
+from asyncsim.drivers.plugins import install_plugins
+from asyncsim.timing.cluster import Simulation
+from asyncsim.timing.protocols import Protocol, get_protocol_class
+from asyncsim.trace import Trace
+
+SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+RESTARTS = "restarts.csv"
+CKPT = "checkpoint.npz"
+
+
+class RealRunError(RuntimeError):
+    """A real run stopped before its end (e.g. the PS died); the folder can be resumed."""
+
+
+
+# ----------------------------------------------------------------------------- learner
+class LearnerImpl:
+    """One learner process: computes gradients with the scenario's Numerics.
+
+    Reusable across runs (a test session or a benchmark keeps the actors, and the jitted
+    gradient compiled once): every call names its job, ``(job_id, scenario, learner,
+    emulate, plug-ins)`` (an object-store reference resolved by Ray), and the actor (re)builds its
+    Numerics when the job changes; a restarted actor rebuilds lazily on its first call.
+
+    ``compute`` returns ``(loss, grads, t_start, t_push, pid)`` with numpy leaves and
+    ``time.time()`` stamps; the gradient is ``Numerics.grad`` exactly. The pid lets the
+    PS notice a restarted actor.
+    """
+
+    def __init__(self):
+        self.job_id = None
+
+    def _setup(self, job) -> None:
+        job_id, scn, learner, emulate, plugins = job
+        install_plugins(plugins)  # the driver's Python-registered plug-ins
+        self.learner = learner
+        self.num = numerics_for(scn, grouping="none")
+        self.sleep = None
+        if emulate:
+            # The simulator's own compute stream for this learner (same seed, same draws).
+            self.sleep = Simulation(scn).compute[learner]
+        self.job_id = job_id
+
+    def ready(self, job) -> int:
+        """Set up and warm up (compile) the gradient function; returns the process id."""
+
+        self._setup(job)
+        p = self.num.init_params()
+        jax.block_until_ready(self.num.grad(p, self.num.x_train, self.num.y_train,
+                                            np.int32(self.learner), np.int32(0)))
+        return os.getpid()
+
+    def compute(self, job, params, batch: int, die: bool = False):
+        if self.job_id != job[0]:
+            self._setup(job)
+        t_start = time.time()
+        loss, g = self.num.grad(params, self.num.x_train, self.num.y_train,
+                                np.int32(self.learner), np.int32(batch))
+        loss, g = jax.device_get((loss, g))
+        if die:
+            # Fault injection: the process dies with this gradient computed but not sent,
+            # so the loss always falls on this task (a kill from outside could land after
+            # a fast gradient was already returned, or while the learner waits idle).
+            os._exit(1)
+        if self.sleep is not None:
+            time.sleep(self.sleep.next(0.0))
+        return np.asarray(loss), g, t_start, time.time(), os.getpid()
+
+
+# ----------------------------------------------------------------------------- PS
+class _Event:
+    """Stand-in for a SimPy event: protocols only create, ``succeed`` and test it."""
+
+    __slots__ = ("callbacks", "triggered")
+
+    def __init__(self):
+        self.callbacks: list[Callable[[], None]] = []
+        self.triggered = False
+
+    def succeed(self):
+        self.triggered = True
+        cbs, self.callbacks = self.callbacks, []
+        for cb in cbs:
+            cb()
+
+
+class _Env:
+    def event(self):
+        return _Event()
+
+
+class _Clock:
+    """The part of :class:`asyncsim.cluster.Simulation` protocols use: ``version``,
+    ``env.event()``, ``apply_update(grads)``."""
+
+    def __init__(self, apply: Callable[[Sequence[tuple]], None]):
+        self.env = _Env()
+        self.version = 0
+        self._apply = apply
+
+    def apply_update(self, grads):
+        self._apply(list(grads))
+
+    def note_pull(self, learner, version):  # hardsync/ssp never need it; kept for plug-ins
+        pass
+
+
+_GCOLS = ("learner", "batch", "read_version", "apply_version", "staleness", "t_pull",
+          "t_push", "t_arrive", "t_apply", "t_start")
+_UCOLS = ("version", "time", "n_grads", "start")
+
+
+class PSImpl:
+    """The parameter server: protocol, update core, trace, evaluations, checkpoints.
+
+    Args:
+        scn: the scenario. folder: the run folder (must be visible to this process).
+        learners: the learner actor handles, index = learner id.
+        resume: restart from ``folder/checkpoint.npz`` when it exists.
+        faults: fault injection for tests and demos: ``{"kill_learner": [id, version]}``
+            (the learner's process exits inside the first gradient it computes from a pull
+            at that version or later, before returning it; Ray restarts the actor) and
+            ``{"crash_ps_at": N}`` (the PS process exits right after update N and its
+            checkpoint, like a crash).
+    """
+
+    def __init__(self, scn: Scenario, folder: str | None, learners: list, jobs: list, *,
+                 resume: bool = False, faults: dict | None = None):
+        self.scn = scn
+        self.folder = Path(folder) if folder else None
+        self.learners = learners
+        self.jobs = jobs  # per learner: the object ref of its job description
+        self.faults = dict(faults or {})
+        self.num = num = numerics_for(scn, grouping="none")
+        lam = scn.cluster.learners
+        self.g: dict[str, list] = {k: [] for k in _GCOLS}
+        self.u: dict[str, list] = {k: [] for k in _UCOLS}
+        self.restarts: list[dict[str, Any]] = []
+        self.resumes: list[dict[str, Any]] = []
+        self.t_offset = 0.0
+        start = None
+        if resume and self.folder is not None and (self.folder / CKPT).exists():
+            template = num.init_state()
+            start = load_checkpoint(self.folder, template, template.params)
+            extra = start[4]
+            for k in _GCOLS:
+                self.g[k] = list(extra["trace"]["grads"][k])
+            for k in _UCOLS:
+                self.u[k] = list(extra["trace"]["updates"][k])
+            self.restarts = list(extra.get("restarts", []))
+            self.resumes = list(extra.get("resumes", []))
+            self.t_offset = float(self.u["time"][-1]) if self.u["time"] else 0.0
+            self.resumes.append({"version": int(start[0]), "t": self.t_offset})
+        self.driver = _RealDriver(scn, num, folder=self.folder, start=start, ps=self)
+        self.proto = get_protocol_class(scn.protocol.kind)(scn.protocol, lam)
+        self.clock = _Clock(self._apply_update)
+        self.next_batch = [0] * lam
+        if start is not None:
+            self._warm_protocol()
+        self.clock.version = self.driver.start_version
+        self.pending: dict[tuple[int, int], tuple] = {}  # (learner, batch) -> (loss, grads)
+        self.stop_reason = ""
+        self.stopped = False
+        # Compile the apply for this protocol's update size now, not during the first update.
+        c = max(1, round(1.0 / self.proto.updates_per_gradient()))
+        g0 = jax.tree_util.tree_map(lambda p: np.zeros((c, *np.shape(p)), np.float32),
+                                    self.driver.state.params)
+        jax.block_until_ready(num.apply(self.driver.state, g0, np.zeros(c, np.int32),
+                                         np.zeros(c, np.int32), np.int32(0)))
+        self._params_ref: tuple[int, Any] | None = None
+
+    # -------------------------------------------------------------- bookkeeping
+    def _warm_protocol(self) -> None:
+        """Re-feed the checkpointed (applied) gradients to a fresh protocol, updates muted,
+        so its buffers/clocks match the checkpoint; learners restart at their next batch."""
+
+        muted = _Clock(lambda grads: setattr(muted, "version", muted.version + 1))
+        g, u = self.g, self.u
+        lam = len(self.next_batch)
+        # A short hardsync round (a learner died, see run()) is replayed as the same
+        # on_lost calls, so the protocol's round bookkeeping matches the checkpoint too.
+        lost_hook = type(self.proto).on_lost is not Protocol.on_lost
+        firsts = {int(st): int(n) for st, n in zip(u["start"], u["n_grads"], strict=True)}
+        for i in range(len(g["learner"])):
+            if lost_hook and firsts.get(i, lam) < lam:
+                present = {int(x) for x in g["learner"][i:i + firsts[i]]}
+                for k in range(lam):
+                    if k not in present and self.proto.on_lost(muted, k):
+                        self.proto.on_back(muted, k)  # (all actors are fresh after a resume)
+            k = int(g["learner"][i])
+            self.proto.on_arrival(muted, (k, int(g["batch"][i]), int(g["read_version"][i]),
+                                          g["t_pull"][i], g["t_push"][i], g["t_arrive"][i]))
+            self.next_batch[k] = max(self.next_batch[k], int(g["batch"][i]) + 1)
+
+    def now(self) -> float:
+        return self.t_offset + (time.time() - self.t0)
+
+    def _params(self):
+        """An object-store reference to the current version's parameters (one per version)."""
+
+        v = self.clock.version
+        if self._params_ref is None or self._params_ref[0] != v:
+            self._params_ref = (v, ray.put(jax.device_get(self.driver.state.params)))
+        return self._params_ref[1]
+
+    # -------------------------------------------------------------- pulls and pushes
+    def _pull(self, k: int) -> None:
+        """Learner ``k`` asks for its next batch: wait if the protocol says so, else serve."""
+        if self.stopped:
+            return
+        ev = self.proto.may_pull(self.clock, k, self.next_batch[k])
+        if ev is not None and not ev.triggered:
+            ev.callbacks.append(lambda: self._serve(k))
+        else:
+            self._serve(k)
+
+    def _probe(self, k: int) -> None:
+        """Ask lost learner ``k``'s actor to get ready: it answers once Ray restarted it."""
+        if not self.stopped:
+            self.probes[self.learners[k].ready.remote(self.jobs[k])] = k
+
+    def _probed(self, ref) -> None:
+        k = self.probes.pop(ref)
+        try:
+            pid = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            self.reprobe[k] = time.monotonic() + 0.5  # still restarting: ask again soon
+            return
+        if self.pids.get(k, pid) != pid:
+            self.restarts.append({"event": "restarted", "learner": k,
+                                  "batch": self.next_batch[k], "read_version": -1,
+                                  "t_pull": float("nan"), "t": self.now(),
+                                  "version": self.clock.version, "error": ""})
+        self.pids[k] = pid
+        self.rejoining.add(k)
+        self.proto.on_back(self.clock, k)
+        self._pull(k)
+
+    def _serve(self, k: int) -> None:
+        if self.stopped:
+            return
+        b = self.next_batch[k]
+        read = self.clock.version
+        t_pull = self.now()
+        if k in self.rejoining:
+            self.rejoining.discard(k)
+            self.restarts.append({"event": "rejoined", "learner": k, "batch": b,
+                                  "read_version": read, "t_pull": t_pull, "t": t_pull,
+                                  "version": read, "error": ""})
+        kill = self.faults.get("kill_learner")
+        die = kill is not None and kill[0] == k and read >= kill[1]
+        if die:
+            del self.faults["kill_learner"]
+        ref = self.learners[k].compute.remote(self.jobs[k], self._params(), b, die)
+        self.inflight[ref] = (k, b, read, t_pull)
+
+    def _apply_update(self, grads: list[tuple]) -> None:
+        """The protocol's ``apply_update``: stack the taken gradients in order, apply, record."""
+
+        if self.stopped:
+            return
+        v = self.clock.version
+        rows, gs, losses = [], [], []
+        for learner, batch, read, *_ in grads:
+            loss, gr = self.pending.pop((learner, batch))
+            rows.append((learner, batch, read, v - read))
+            gs.append(gr)
+            losses.append(loss)
+        # The learners computed these with the same jitted gradient function, in the order
+        # the protocol took them: the apply input a replay of this trace computes itself.
+        stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *gs)
+        ok = self.driver.apply_real(v, rows, stacked, np.asarray(losses, np.float32),
+                                    now_fn=self.now)
+        now_apply = self.driver.now
+        g = self.g
+        start = len(g["learner"])
+        for (learner, batch, read, t_pull, t_push, t_arrive), row in zip(grads, rows,
+                                                                         strict=True):
+            t_start = self._t_start.pop((learner, batch))
+            g["learner"].append(learner)
+            g["batch"].append(batch)
+            g["read_version"].append(read)
+            g["apply_version"].append(v)
+            g["staleness"].append(row[3])
+            g["t_pull"].append(t_pull)
+            g["t_push"].append(t_push)
+            g["t_arrive"].append(t_arrive)
+            g["t_apply"].append(now_apply)
+            g["t_start"].append(t_start)
+        self.u["version"].append(v)
+        self.u["time"].append(now_apply)
+        self.u["n_grads"].append(len(rows))
+        self.u["start"].append(start)
+        self.clock.version = v + 1
+        self.driver.after_update(v + 1)
+        if ok is False:
+            self._stop("diverged")
+        elif self.max_updates is not None and v + 1 >= self.max_updates:
+            self._stop("updates")
+        elif self.max_gradients is not None and len(self.g["learner"]) >= self.max_gradients:
+            self._stop("gradients")
+        if self.faults.get("crash_ps_at") == v + 1:
+            os._exit(1)
+
+    def _stop(self, reason: str) -> None:
+        self.stopped = True
+        self.stop_reason = reason
+
+    # -------------------------------------------------------------- the loop
+    def run(self, limits: dict[str, Any], info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run to the scenario's length; write the run folder; return the summary."""
+
+        self.max_updates = limits.get("max_updates")
+        self.max_gradients = limits.get("max_gradients")
+        max_time = limits.get("max_time")
+        self._t_start: dict[tuple[int, int], float] = {}
+        self.inflight: dict[Any, tuple] = {}
+        self.pids: dict[int, int] = {}
+        self.probes: dict[Any, int] = {}  # ready() calls to lost learners -> learner
+        self.reprobe: dict[int, float] = {}  # learner -> when to probe it again
+        self.rejoining: set[int] = set()
+        t_wall = time.perf_counter()
+        self.t0 = time.time()
+        # A resume from a checkpoint taken at the very end has nothing left to do.
+        if self.max_updates is not None and self.clock.version >= self.max_updates:
+            self._stop("updates")
+        elif self.max_gradients is not None and len(self.g["learner"]) >= self.max_gradients:
+            self._stop("gradients")
+        for k in range(len(self.learners)):
+            self._pull(k)
+        while not self.stopped and (self.inflight or self.probes or self.reprobe):
+            for k in [k for k, t in self.reprobe.items() if t <= time.monotonic()]:
+                del self.reprobe[k]
+                self._probe(k)
+            ready, _ = ray.wait([*self.inflight, *self.probes], num_returns=1,
+                                timeout=0.25 if self.reprobe else 1.0)
+            if max_time is not None and self.now() >= max_time:
+                self._stop("sim_time")
+                break
+            for ref in ready:
+                if ref in self.probes:
+                    self._probed(ref)
+                    continue
+                k, b, read, t_pull = self.inflight.pop(ref)
+                try:
+                    loss, grads, t_start, t_push, pid = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                    # The learner died: its pulled version and in-flight work are lost. The
+                    # restarted actor gets the same batch index again (program order kept).
+                    ev = {"learner": k, "batch": b, "read_version": read, "t_pull": t_pull,
+                          "t": self.now(), "version": self.clock.version,
+                          "error": type(e).__name__}
+                    self.restarts.append({"event": "lost", **ev})
+                    if self.proto.on_lost(self.clock, k):
+                        # hardsync: rounds go on with the live learners from this one on (it
+                        # may have been applied just now) until the restarted actor answers
+                        # a probe; k then pulls again and rejoins at the next round.
+                        self.restarts.append({"event": "away", **ev})
+                        self._probe(k)
+                    else:
+                        self._serve(k)
+                    continue
+                t_arrive = self.now()
+                if self.pids.get(k, pid) != pid:
+                    # A new process answered: the actor was restarted (by Ray) in between.
+                    self.restarts.append({"event": "restarted", "learner": k, "batch": b,
+                                          "read_version": read, "t_pull": t_pull,
+                                          "t": t_arrive, "version": self.clock.version,
+                                          "error": ""})
+                self.pids[k] = pid
+                # Learner clocks may be skewed (other machines): keep pull <= push <= arrive.
+                t_push = min(max(t_push - self.t0 + self.t_offset, t_pull), t_arrive)
+                t_start = min(max(t_start - self.t0 + self.t_offset, t_pull), t_push)
+                self.pending[(k, b)] = (loss, grads)
+                self._t_start[(k, b)] = t_start
+                self.next_batch[k] = b + 1
+                self.proto.on_arrival(self.clock, (k, b, read, t_pull, t_push, t_arrive))
+                if self.stopped:
+                    break
+                self._pull(k)
+        for ref in [*self.inflight, *self.probes]:
+            ray.cancel(ref, force=False)
+        wall = time.perf_counter() - t_wall
+        lam = len(self.learners)
+        short = ([v for v, n in zip(self.u["version"], self.u["n_grads"], strict=True)
+                  if n < lam] if any(r["event"] == "away" for r in self.restarts) else [])
+        meta = {"stop_reason": self.stop_reason or "stopped", "sim_time": self.now(),
+                "learners": len(self.learners), "protocol": self.scn.protocol.kind,
+                "seed": self.scn.seed, "kind": "real", "clock": "wall seconds",
+                "restarts": self.restarts, "resumes": self.resumes, **(info or {})}
+        if short:
+            # Hardsync rounds completed without a dead learner (check_trace accepts them).
+            meta.update({"short_rounds_allowed": True, "short_rounds": [int(v) for v in short]})
+        trace = Trace.from_columns(self.g, self.u, meta)
+        res = self.driver.finish(trace, t_wall, kind="real")
+        summary = dict(res.summary)
+        new = trace.num_updates - self.driver.start_version
+        summary.update({"restarts": sum(r["event"] == "restarted" for r in self.restarts),
+                        "lost_gradients": sum(r["event"] == "lost" for r in self.restarts),
+                        "short_rounds": len(short),
+                        "resumes": len(self.resumes),
+                        "real_wall_time": wall, "updates_per_s": new / wall if wall else None,
+                        **(info or {})})
+        if self.folder is not None:
+            cols = ["event", "learner", "batch", "read_version", "t_pull", "t", "version",
+                    "error"]
+            runs.atomic_write_text(self.folder / RESTARTS,
+                                   pd.DataFrame(self.restarts, columns=cols).to_csv(index=False))
+            runs.write_summary(self.folder, summary)
+        return {"summary": summary, "param_hash": summary["param_hash"]}
+
+    def progress(self) -> int:
+        return self.clock.version
+
+
+class _RealDriver(Driver):
+    """:class:`asyncsim.online.Driver` fed with gradients computed elsewhere.
+
+    Keeps the Driver's recorder, evaluation, divergence check and ``finish`` (so every file
+    has exactly the simulated runs' format); checkpoints also hold the trace so far.
+    """
+
+    def __init__(self, scn, num, *, folder, start, ps):
+        super().__init__(scn, num, folder=folder, start=start)
+        self.ps = ps
+        self.versions = {}  # the PS serves only the current version; learners keep copies
+
+    def apply_real(self, v: int, rows, grads, losses, *, now_fn) -> bool | None:
+        """Apply update ``v`` exactly as :meth:`Numerics.update` would, with given gradients."""
+
+        num = self.num
+        self.grads_applied += len(rows)
+        staleness = np.asarray([r[3] for r in rows], np.int32)
+        learners = np.asarray([r[0] for r in rows], np.int32)
+        self.state = num.apply(self.state, grads, staleness, learners, np.int32(v))
+        self.now = now_fn()
+        rec = self.rec
+        rec.pending.append(losses)
+        if len(rec.pending) >= driver_mod.CHECK_EVERY:
+            bad = rec.flush()
+            if bad is not None:
+                self.diverged_at = bad
+                return False
+        done = v + 1
+        r = self.scn.run
+        if r.eval_every and done % r.eval_every == 0:
+            self.evaluate(done)
+            if self.diverged_at is not None:
+                return False
+        return None
+
+    def after_update(self, done: int) -> None:
+        """Checkpoint (after the PS recorded update ``done - 1`` in its trace)."""
+
+        r = self.scn.run
+        # As the online driver: every run.checkpoint_every updates, or (when that is 0)
+        # once online.AUTO_CHECKPOINT_SECONDS of wall time have passed since the last one.
+        due = (done % r.checkpoint_every == 0 if r.checkpoint_every else
+               time.monotonic() - getattr(self, "_last_ckpt", time.monotonic())
+               > driver_mod.AUTO_CHECKPOINT_SECONDS)
+        if self.folder is not None and due:
+            self._last_ckpt = time.monotonic()
+            self.rec.flush()
+            ps = self.ps
+            trace = {"grads": {k: [_py(x) for x in ps.g[k]] for k in _GCOLS},
+                     "updates": {k: [_py(x) for x in ps.u[k]] for k in _UCOLS}}
+            save_checkpoint(self.folder, done, self.state, {done: self.state.params}, self.rec,
+                            {"grads_applied": self.grads_applied, "trace": trace,
+                             "restarts": ps.restarts, "resumes": ps.resumes})
+
+
+def _py(x):
+    return x.item() if isinstance(x, np.generic) else x
+
+
+
+class PSHost:
+    """The PS actor: runs one :class:`PSImpl` per call of :meth:`run` (reusable)."""
+
+    def __init__(self):
+        self.ps: PSImpl | None = None
+
+    def run(self, scn, folder, learners, jobs, resume, faults, limits, info, plugins=None):
+        install_plugins(plugins)  # the driver's Python-registered plug-ins
+        self.ps = PSImpl(scn, folder, learners, jobs, resume=resume, faults=faults)
+        try:
+            return self.ps.run(limits, info)
+        finally:
+            self.ps = None
+
+    def progress(self) -> int:
+        return -1 if self.ps is None or not hasattr(self.ps, "t0") else self.ps.clock.version
+
+

@@ -1,0 +1,164 @@
+"""Exact replay: re-execute a recorded trace's numerics with no event loop (the loop path).
+
+A trace fixes everything about a run except the numbers (docs/design.md). :func:`replay`
+walks its updates in order (:meth:`~asyncsim.trace.Trace.iter_updates`) and hands each to the
+same :class:`~asyncsim.drivers.driver.Driver` as the online driver, so replaying an online
+run's trace with its scenario gives a bit-identical ``param_hash`` on the same machine. The
+compiled-chunk path is :mod:`asyncsim.drivers.scan`.
+
+Parameter versions are kept on the device only while a later gradient reads them: at most
+S + 1 versions for a trace of maximum staleness S, usually far fewer (about one per learner
+in an async trace, whatever a straggler does to S). :func:`replay_memory` reports that
+(versions held × parameter bytes, and the (S + 1) × parameter bytes bound) and the replays
+refuse, before allocating anything, a trace that would need more than ``max_memory`` bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from asyncsim import runs
+from asyncsim.config import Scenario
+from asyncsim.drivers.driver import Driver, RunResult, numerics_for
+from asyncsim.errors import ScenarioError
+from asyncsim.numerics.models import num_params
+from asyncsim.numerics.numerics import Numerics
+from asyncsim.trace import Trace
+
+DEFAULT_MAX_MEMORY = 8 << 30  # bytes of parameter versions replay may hold at once
+
+
+class ReplayMemoryError(MemoryError):
+    """The trace needs more parameter versions in memory than allowed."""
+
+
+class _Alive:
+    """The versions that gradients applied after update ``v`` still read."""
+
+    __slots__ = ("last_use", "v")
+
+    def __init__(self, last_use: np.ndarray):
+        self.last_use = last_use
+        self.v = -1
+
+    def __contains__(self, r: int) -> bool:
+        return r < self.last_use.size and self.last_use[r] > self.v
+
+
+def last_use(trace: Trace) -> np.ndarray:
+    """last_use[r]: the last update version that takes a gradient read at version r."""
+    g = trace.grads
+    out = np.full(trace.num_updates + 1, -1, np.int64)
+    if trace.num_gradients:
+        np.maximum.at(out, g["read_version"], g["apply_version"])
+    return out
+
+
+def live_versions(trace: Trace) -> int:
+    """The most parameter versions held at once while replaying ``trace`` (≤ S + 1)."""
+    lu = last_use(trace)
+    m = trace.num_updates
+    if m == 0:
+        return 1
+    # Version r is held from its creation (after update r-1) until update last_use[r].
+    delta = np.zeros(m + 2, np.int64)
+    r = np.arange(m + 1)
+    end = np.maximum(lu, r)  # the newest version is held at least until it is created
+    np.add.at(delta, r, 1)
+    np.add.at(delta, end + 1, -1)
+    return int(np.max(np.cumsum(delta))) + 1
+
+
+def replay_memory(trace: Trace, n_params: int, *, bytes_per_param: int = 4) -> dict[str, int]:
+    """Bytes replay needs for parameter versions: live versions × parameter bytes."""
+    live = live_versions(trace)
+    return {"versions": live, "max_staleness": trace.max_staleness,
+            "bytes": live * n_params * bytes_per_param,
+            "bound_bytes": (trace.max_staleness + 1) * n_params * bytes_per_param}
+
+
+def check_learners(scn: Scenario, trace: Trace) -> None:
+    """Refuse a trace with more learners than ``scn`` has: per-learner state (P2's shifted
+    momentum keeps one buffer per learner) is indexed by learner id inside jit, where an
+    out-of-range index is clamped, not an error, and would silently share a buffer."""
+    ids = trace.grads["learner"]
+    if ids.size and int(ids.max()) >= scn.cluster.learners:
+        raise ScenarioError("cluster.learners", f"the trace has gradients of learner "
+                            f"{int(ids.max())}, the scenario only {scn.cluster.learners} "
+                            "learners: replay a trace with the scenario that recorded it",
+                            file=scn.source)
+
+
+def check_memory(held: int, trace: Trace, need: int, max_memory: int, *,
+                  points: int = 1, what: str = "parameter versions") -> None:
+    """Refuse, before anything is allocated, a replay whose ``held`` versions (or pending
+    gradients: ``what``) need more than ``max_memory`` bytes (``points``: a vmapped sweep
+    holds them once per sweep point)."""
+    if need > max_memory:
+        each = f" for each of {points} sweep points" if points > 1 else ""
+        raise ReplayMemoryError(
+            f"replaying this trace holds {held} {what} at once{each} (max "
+            f"staleness {trace.max_staleness}): {need / 2**20:.1f} MiB, more than the "
+            f"{max_memory / 2**20:.1f} MiB allowed (max_memory)")
+
+
+def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force: bool = False,
+           numerics: Numerics | None = None, hyper: Mapping[str, float] | None = None,
+           max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
+           kind: str = "replay", observe=None, observe_every: int = 0) -> RunResult:
+    """Execute ``trace``'s numerics under ``scn`` (its optimizer, model, data, seed).
+
+    Args:
+        hyper: overrides of the core's ``lr``, ``beta``, ``weight_decay`` for this replay.
+        max_memory: bytes of parameter versions allowed; a larger need raises
+            :class:`ReplayMemoryError` before anything is allocated.
+        observe: ``observe(version, state)`` is called with the core state after every
+            ``observe_every`` updates and after the last one (e.g. to log sharpness along
+            the way); returning ``False`` stops the replay there.
+    """
+    num = numerics or numerics_for(scn)
+    shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
+    need = replay_memory(trace, num_params(shapes))
+    check_learners(scn, trace)
+    check_memory(need["versions"], trace, need["bytes"], max_memory)
+    folder = runs.prepare(out, force=force) if out is not None else None
+    if folder is not None:
+        runs.write_scenario(folder, scn)
+        runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"))
+    t0 = time.perf_counter()
+    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}))
+    alive = _Alive(last_use(trace))
+    stopped_at = trace.num_updates
+    if progress:
+        from tqdm.auto import tqdm
+
+        driver.pbar = tqdm(total=trace.num_updates, unit="upd", mininterval=0.5, leave=False,
+                           disable=None)
+    try:
+        for v, rows, now in trace.iter_updates():
+            alive.v = v
+            if driver.on_update(v, rows, alive=alive, now=now) is False:
+                stopped_at = v + 1
+                break
+            if observe is not None and observe_every and (
+                    (v + 1) % observe_every == 0 or v + 1 == trace.num_updates):
+                if observe(v + 1, driver.state) is False:
+                    stopped_at = v + 1
+                    break
+    finally:
+        if driver.pbar is not None:
+            driver.pbar.close()
+    if stopped_at < trace.num_updates:
+        trace = trace.truncate(stopped_at, stop_reason="diverged")
+    result = driver.finish(trace, t0, kind=kind)
+    result.summary["replay_path"] = "loop"
+    result.summary["replay_versions_held"] = need["versions"]
+    result.summary["replay_version_bytes"] = need["bytes"]
+    if folder is not None:
+        runs.write_summary(folder, result.summary)
+    return result

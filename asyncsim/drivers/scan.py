@@ -1,0 +1,382 @@
+"""The compiled-chunk executor (the scan path): chunks of updates in one compiled loop.
+
+A trace's updates run as chunks of a ``lax.fori_loop`` inside one jitted program, with a
+device store that gives each gradient the parameters it read: the parameter versions later
+gradients still read (``store="versions"``: :func:`slot_plan`) or, for models with a dense
+input layer, pending gradients computed when the version they read is current
+(``store="gradients"``: :func:`pending_plan`, :class:`~asyncsim.numerics.models.DenseInput`).
+The same arithmetic as the loop path, compiled as one program: results agree with it to
+floating-point tolerance (1e-5), not bit for bit. It serves replay (:func:`replay_scan`) and
+vmapped sweeps (:mod:`asyncsim.drivers.vmapped`); whether it is faster than the loop
+depends on the model and backend (README, Performance).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from asyncsim import runs
+from asyncsim.config import Scenario
+from asyncsim.drivers.driver import Driver, RunResult, first_bad, numerics_for
+from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory, last_use
+from asyncsim.numerics.models import num_params
+from asyncsim.numerics.numerics import Numerics
+from asyncsim.trace import Trace
+
+
+def slot_plan(trace: Trace) -> tuple[np.ndarray, int]:
+    """Where the scan path keeps each parameter version: ``(slot[m + 1], K)``.
+
+    Version r occupies a slot from its creation (update r - 1) through update
+    ``max(last_use[r], r)``; after that its slot is free for the next version. Slots are
+    handed out greedily in update order (interval colouring), which uses the fewest slots
+    possible: K equals the most versions alive at once. In an async trace a straggler
+    can push the maximum staleness S far above the number of learners while only about
+    one version per learner is ever alive, so K is usually much smaller than S + 1 (4 for
+    4 async learners whose S is 23): a K-slot buffer instead of the S + 1 ring costs less
+    memory and, on CPU, keeps the versions in cache (measured: the MLP scan step 13-25%
+    faster).
+    """
+    m = trace.num_updates
+    lu = np.maximum(last_use(trace), np.arange(m + 1))
+    order = np.argsort(lu, kind="stable")
+    ends = lu[order]
+    slot = np.zeros(m + 1, np.int32)
+    free: list[int] = []
+    n_slots = 1
+    k = 0
+    for v in range(m):
+        # Versions whose last reader is update v are read before v writes version v + 1.
+        while k < order.size and ends[k] <= v:
+            free.append(int(slot[order[k]]))
+            k += 1
+        if free:
+            slot[v + 1] = free.pop()
+        else:
+            slot[v + 1] = n_slots
+            n_slots += 1
+    return slot, n_slots
+
+
+def pending_plan(trace: Trace) -> tuple[np.ndarray, int]:
+    """Where the scan path's gradient store keeps each pending gradient: ``(slot[n], Q)``.
+
+    With ``store="gradients"`` gradient i is computed at the start of update r_i, its read
+    version (then the current parameters), and held until update a_i (its apply version)
+    takes it: it occupies a slot over [r_i, a_i]. Greedy colouring of these intervals by
+    start uses the fewest slots, Q = the most gradients pending at once (about the number
+    of learners in an async trace, whatever the maximum staleness).
+    """
+    g = trace.grads
+    r, a = g["read_version"], g["apply_version"]
+    slot = np.zeros(r.size, np.int32)
+    busy: list[tuple[int, int]] = []  # (last update that needs it, slot)
+    free: list[int] = []
+    q = 0
+    for i in np.lexsort((np.arange(r.size), r)):  # by read version, then trace order
+        while busy and busy[0][0] < r[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            slot[i] = heapq.heappop(free)
+        else:
+            slot[i], q = q, q + 1
+        heapq.heappush(busy, (int(a[i]), int(slot[i])))
+    return slot, max(q, 1)
+
+
+
+def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
+                hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
+                force: bool = False, chunk: int = 512, store: str = "auto",
+                max_memory: int = DEFAULT_MAX_MEMORY, kind: str = "replay") -> RunResult:
+    """Replay as compiled chunks: a compiled loop over updates with a device store.
+
+    ``store="versions"``: the parameter versions later gradients still read live in one
+    stacked device array of K slots (:func:`slot_plan`: K = the most versions alive at
+    once, at most S + 1 for a trace of maximum staleness S); update v reads
+    ``buf[slot[read]]`` and writes version v + 1 to ``buf[slot[v + 1]]``.
+    ``store="gradients"``: each gradient is computed when its read version is current and
+    kept pending until its update (:func:`pending_plan`; models with a dense input layer).
+    ``"auto"`` chooses (see :func:`_scan_setup`). Chunks end at evaluation points, so the
+    program leaves jit only to evaluate. Needs the same number of gradients c in every
+    update (every built-in protocol's trace has it). It computes the same arithmetic as
+    :func:`replay` but XLA compiles it as one program, so results agree to floating-point
+    tolerance rather than bit for bit; :func:`replay` stays the exact reference. Which is
+    faster depends on the model and backend (DESIGN.md): on 2 CPU cores a scan over
+    convolutions runs slower than a loop of jitted steps, while small dense models gain
+    from losing the per-step dispatch.
+    """
+    num = numerics or numerics_for(scn)
+    counts = trace.updates["n_grads"]
+    m = trace.num_updates
+    if m == 0 or np.any(counts != counts[0]):
+        raise ValueError("replay_scan needs the same number of gradients in every update")
+    c = int(counts[0])
+    check_learners(scn, trace)
+    run_chunk, xs_all, init_buf, fields = _scan_setup(num, trace, c, store, max_memory)
+    folder = runs.prepare(out, force=force) if out is not None else None
+    if folder is not None:
+        runs.write_scenario(folder, scn)
+        runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"), path="scan")
+    t0 = time.perf_counter()
+    driver = Driver(dataclasses.replace(scn, run=dataclasses.replace(
+        scn.run, checkpoint_every=0)), num, folder=None, hyper=dict(hyper or {}))
+    driver.folder = folder
+    state = driver.state
+    buf = init_buf(state.params)
+    every = scn.run.eval_every or m
+    times = trace.updates["time"]
+    losses_all = []
+    for carry, losses, e in _iter_chunks(run_chunk, (state, buf), xs_all,
+                                         _chunks(m, chunk, every), chunk):
+        losses_all.append(losses)
+        driver.grads_applied = e * c
+        if scn.run.eval_every and e % every == 0:
+            driver.state = carry[0]
+            driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
+                [np.asarray(x) for x in losses_all]))
+            losses_all = []
+            driver.now = float(times[e - 1])
+            driver.evaluate(e)
+    driver.state = carry[0]
+    if losses_all:
+        driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
+            [np.asarray(x) for x in losses_all]))
+    driver.rec.pending_base = len(driver.rec.losses)
+    driver.diverged_at = first_bad(driver.rec.losses)
+    driver.now = float(times[-1])
+    result = driver.finish(trace, t0, kind=kind)
+    result.summary["replay_path"] = "scan"
+    result.summary.update(fields)
+    if folder is not None:
+        runs.write_summary(folder, result.summary)
+    return result
+
+
+def _scan_inputs(trace: Trace, c: int, slot: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per-update scan inputs: learner, batch, slot read, staleness [m, c]; v and the slot
+    version v + 1 is written to [m] (``slot`` from :func:`slot_plan`)."""
+    m, g = trace.num_updates, trace.grads
+    return (g["learner"].reshape(m, c).astype(np.int32),
+            g["batch"].reshape(m, c).astype(np.int32),
+            slot[g["read_version"]].reshape(m, c).astype(np.int32),
+            g["staleness"].reshape(m, c).astype(np.int32),
+            np.arange(m, dtype=np.int32),
+            slot[1:].astype(np.int32))
+
+
+def _pending_inputs(trace: Trace, c: int, slot: np.ndarray,
+                    scratch: int) -> tuple[tuple[np.ndarray, ...], int]:
+    """Per-update inputs of the gradient store (``store="gradients"``) and R, the most
+    gradients that read one version: the number of gradients that read version v, their
+    learners, batches and pending slots [m, R] (an update without reads computes into slot
+    ``scratch``); learner, pending slot and staleness of the c gradients update v takes
+    [m, c] (its batch travels in the slot); v [m]."""
+    m, g = trace.num_updates, trace.grads
+    r = g["read_version"]
+    reads = np.bincount(r, minlength=m)[:m].astype(np.int32)  # every read is < m
+    R = max(int(reads.max(initial=0)), 1)
+    order = np.lexsort((np.arange(r.size), r))
+    first = np.concatenate([[0], np.cumsum(reads)[:-1]])
+    rank = np.arange(r.size) - first[r[order]]
+    cl, cb = np.zeros((m, R), np.int32), np.zeros((m, R), np.int32)
+    cs = np.full((m, R), scratch, np.int32)
+    cl[r[order], rank] = g["learner"][order]
+    cb[r[order], rank] = g["batch"][order]
+    cs[r[order], rank] = slot[order]
+    return (reads, cl, cb, cs,
+            g["learner"].reshape(m, c).astype(np.int32),
+            slot.reshape(m, c).astype(np.int32),
+            g["staleness"].reshape(m, c).astype(np.int32),
+            np.arange(m, dtype=np.int32)), R
+
+
+def _scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int, *,
+                points: int = 1,
+                vmapped: bool = False) -> tuple[Any, tuple[np.ndarray, ...], Any, dict[str, Any]]:
+    """What :func:`replay_scan` and :func:`replay_vmapped` (``path="scan"``) run: the chunk
+    program, its per-update inputs, ``init(params) -> carry buffer`` and the summary's
+    memory fields, after the memory check. ``store``: "auto" keeps pending gradients when
+    something is stale and the model has a dense input layer
+    (:class:`~asyncsim.models.DenseInput`) whose kernel is at least 4x the bytes a pending
+    gradient keeps (else copying versions costs less), else parameter versions;
+    "versions" | "gradients" force one."""
+    if store not in ("auto", "versions", "gradients"):
+        raise ValueError(f"store must be auto, versions or gradients, got {store!r}")
+    has_parts = hasattr(num.programs, "parts_one")
+    if store == "gradients" and not has_parts:
+        raise ValueError(f"store='gradients' needs a model with a dense input layer; "
+                         f"{num.model.name!r} has none")
+    vslot, K = slot_plan(trace)
+    tm = jax.tree_util.tree_map
+    shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
+    if has_parts:
+        x0 = jax.ShapeDtypeStruct((), jnp.int32)
+        out = jax.eval_shape(num.programs.parts_one, shapes, num.x_train, num.y_train, x0, x0)
+        slot_bytes = sum(int(np.prod(o.shape)) * o.dtype.itemsize
+                         for o in jax.tree_util.tree_leaves(out))
+    if store == "auto":
+        # A pending gradient saves copying a version in and out per update (~2 x the first
+        # kernel's bytes) for writing and reading its slot, plus a few fixed operations.
+        # Measured on 2 CPU cores: MLP [128] at mu = 32 (kernel 74x a slot) 0.91 of plain SGD
+        # (median of 8 runs) vs 0.74-0.82 with versions; MLP [32] on full images (115x)
+        # 1.6 s vs 2.5 s for a vmapped 16-point sweep; the 4x4-pooled MLP [32] (kernel 1.5x a
+        # slot) 0.48 s vs 0.43 s.
+        kernel = shapes[num.model.dense_input.name]["w"] if has_parts else None
+        big = has_parts and int(np.prod(kernel.shape)) * 4 >= 4 * slot_bytes
+        store = "gradients" if big and K > 1 else "versions"
+    if store == "versions":
+        need = K * num_params(shapes) * 4
+        check_memory(K, trace, need * points, max_memory, points=points)
+        xs_all, reads = _scan_inputs(trace, c, vslot), 1
+
+        def init(params):
+            return tm(lambda p: jnp.broadcast_to(p, (K, *p.shape)), params)
+
+        fields = {"replay_store": "versions", "replay_versions_held": K,
+                  "replay_version_bytes": need}
+    else:
+        gslot, Q = pending_plan(trace)
+        need = (Q + 1) * slot_bytes
+        check_memory(Q + 1, trace, need * points, max_memory, points=points,
+                      what="pending gradients")
+        xs_all, reads = _pending_inputs(trace, c, gslot, Q)
+        K = Q + 1
+
+        def init(params):
+            del params
+            return tm(lambda o: jnp.zeros((Q + 1, *o.shape), o.dtype), out)
+
+        fields = {"replay_store": "gradients", "replay_versions_held": 1,
+                  "replay_pending_gradients": Q + 1, "replay_version_bytes": need}
+    program = _scan_program(num, c, K, vmapped=vmapped, store=store, reads=reads)
+    return program, xs_all, init, fields
+
+
+def _chunks(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
+    """[start, end) update ranges of at most ``chunk`` updates that end at every multiple
+    of ``every`` (the evaluation points), so the program leaves jit only to evaluate."""
+    bounds = sorted({*range(0, m, min(chunk, every)), *range(0, m, every), m})
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = "versions",
+                  reads: int = 1):
+    """The jitted chunk program ``(state, buf), xs, n -> (state, buf), losses[L, c]``: runs
+    the first ``n`` of the L updates in ``xs`` (inputs padded to L; see :func:`_iter_chunks`).
+
+    ``store="versions"``: update v reads its gradients' versions from ``buf[read slot]`` and
+    writes version v + 1 to ``buf[write slot]`` (:func:`slot_plan`, K slots); ``K = 1``:
+    nothing stale, no buffer. ``store="gradients"`` (models with a dense input layer): update
+    v first computes the gradients that read version v, at the current parameters, into
+    ``buf``'s pending slots (:func:`pending_plan`, K slots and a scratch one; up to
+    ``reads`` per update), then applies the c pending gradients it takes; no version is
+    ever copied (README, Performance).
+    ``vmapped``: state and buffer carry a leading axis of sweep points (losses [P, L, c]).
+    Compiled once per (Numerics, c, K, vmapped, store, reads) and chunk size L."""
+    cache = num.__dict__.setdefault("_scan_cache", {})
+    key = (c, K, vmapped, store, reads)
+    if key in cache:
+        return cache[key]
+    tm = jax.tree_util.tree_map
+    one = num.programs.one
+    core_apply = num.core.apply
+    x_all, y_all = num.x_train, num.y_train
+
+    def read(buf, i):
+        return tm(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), buf)
+
+    def pending_body(carry, xs):
+        st, buf = carry
+        n, cl, cb, cs, l, a, t, v = xs
+        parts_one, expand_one = num.programs.parts_one, num.programs.expand_one
+
+        def compute(j, buf):
+            out = parts_one(st.params, x_all, y_all, cl[j], cb[j])
+            return tm(lambda p, o: lax.dynamic_update_index_in_dim(p, o, cs[j], 0), buf, out)
+
+        # The first read is unconditional (an update without reads computes into the scratch
+        # slot) and only further reads loop: measured on the MLP row, a loop over all reads
+        # cost ~0.05 ms per update more, far more than the rare wasted gradient.
+        buf = compute(0, buf)
+        if reads > 1:
+            buf = lax.fori_loop(1, n, compute, buf)
+        losses = buf[0][a]
+        if c <= 4:
+            grads = tm(lambda *g: jnp.stack(g), *[
+                expand_one(read(buf[1], a[i]), x_all) for i in range(c)])
+        else:
+            grads = jax.vmap(expand_one, in_axes=(0, None))(tm(lambda p: p[a], buf[1]), x_all)
+        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
+        return (st, buf), losses
+
+    def body(carry, xs):
+        st, buf = carry
+        l, b, r, t, v, w = xs
+        if c <= 4:
+            # K == 1 (no staleness): every gradient reads the current parameters, no copy.
+            outs = [one(st.params if K == 1 else read(buf, r[i]), x_all, y_all, l[i], b[i])
+                    for i in range(c)]
+            losses = jnp.stack([o[0] for o in outs])
+            grads = tm(lambda *a: jnp.stack(a), *[o[1] for o in outs])
+        elif K == 1:
+            losses, grads = jax.vmap(one, in_axes=(None, None, None, 0, 0))(
+                st.params, x_all, y_all, l, b)
+        else:
+            params_c = tm(lambda a: a[r], buf)
+            losses, grads = jax.vmap(one, in_axes=(0, None, None, 0, 0))(
+                params_c, x_all, y_all, l, b)
+        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
+        if K > 1:
+            # The reads cost a copy of a version each, the write one more. Measured on 2 CPU
+            # cores for a 1.6 MB weight: the dynamic write costs ~0.12 ms per update, the read
+            # ~0.03 ms; an extra fused elementwise output (a static destination) would cost
+            # ~0.05 ms, but static destinations need the body unrolled over a ring of S + 1.
+            buf = tm(lambda a, p: lax.dynamic_update_index_in_dim(a, p, w, 0), buf, st.params)
+        return (st, buf), losses
+
+    def chunk_fn(carry, xs, n):
+        # A loop with a traced trip count over inputs padded to a fixed length: one compiled
+        # program serves every chunk length (probes, the trace's tail, evaluation spacing),
+        # where a scan over each length's inputs compiled anew (~1.7 s each for a small MLP).
+        L = xs[0].shape[0]
+        losses = jnp.zeros((L, c), jnp.float32)
+        fn = pending_body if store == "gradients" else body
+
+        def step(i, val):
+            carry, losses = val
+            carry, lo = fn(carry, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
+                                        for a in xs))
+            return carry, lax.dynamic_update_index_in_dim(losses, lo.astype(jnp.float32), i, 0)
+
+        return lax.fori_loop(0, n, step, (carry, losses))
+
+    # The carry is donated: XLA then updates and reads the buffer in place. Without it, reads
+    # from the (non-aliased) buffer cost ~40% of an MLP step on CPU (measured, 24 versions).
+    cache[key] = jax.jit(jax.vmap(chunk_fn, in_axes=(0, None, None)) if vmapped else chunk_fn,
+                         donate_argnums=(0,))
+    return cache[key]
+
+
+def _iter_chunks(run_chunk, carry, xs_all: tuple[np.ndarray, ...],
+                 bounds: Sequence[tuple[int, int]], length: int):
+    """Run ``run_chunk`` (:func:`_scan_program`) over the update ranges ``bounds`` (each at
+    most ``length`` long), yielding ``(carry, losses, end)`` after each; losses are [n, c]
+    ([P, n, c] for the vmapped program). Each range's inputs are padded to ``length``, so
+    every call has the same shapes and one compiled program serves them all."""
+    for s, e in bounds:
+        n = e - s
+        xs = tuple(np.concatenate([a[s:e], np.zeros((length - n, *a.shape[1:]), a.dtype)])
+                   for a in xs_all)
+        carry, losses = run_chunk(carry, xs, np.int32(n))
+        yield carry, losses[..., :n, :], e

@@ -1,0 +1,73 @@
+"""``asyncsim trace``: the timing-only driver. It simulates a scenario's timeline with no
+gradients at all (fast: a million gradients of 1000 learners in seconds) and writes the
+trace's run folder.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from asyncsim import runs
+from asyncsim.config import Scenario
+from asyncsim.drivers.driver import message_bytes
+from asyncsim.numerics.data import train_size
+from asyncsim.timing.cluster import Simulation, run_length
+from asyncsim.trace import Trace
+
+
+@dataclass
+class TraceResult:
+    """What a trace-only run returns: the trace, its summary and its folder (if written)."""
+
+    trace: Trace
+    summary: dict[str, Any]
+    out: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gradients(self) -> pd.DataFrame:
+        return self.trace.gradients_df()
+
+    @property
+    def updates(self) -> pd.DataFrame:
+        return self.trace.updates_df()
+
+
+def simulate(scn: Scenario, *, progress: bool = False) -> Trace:
+    """Timing only: the :class:`Trace` of ``scn`` (no gradients, no folder)."""
+    n_train = (train_size(scn.data.name, scn.data.options) if scn.run.epochs is not None
+               else None)
+    sim = Simulation(scn, msg_bytes=message_bytes(scn))
+    return sim.run(progress=progress, **run_length(scn, n_train=n_train))
+
+
+def trace_run(scn: Scenario, out: str | Path | None = None, *, force: bool = False,
+              progress: bool = False,
+              measure: Callable[[Trace], dict[str, Any]] | None = None) -> TraceResult:
+    """Simulate timing only; with ``out``, write the run folder (summary.json last).
+
+    ``measure(trace)`` (optional) returns extra summary fields computed from the trace
+    before the summary is written (a measured stability edge, say:
+    :mod:`asyncsim.stability.measure`).
+    """
+    folder = runs.prepare(out, force=force) if out is not None else None
+    t0 = time.perf_counter()
+    with runs.removed_on_scenario_error(folder):  # e.g. a delay model's non-finite draw
+        trace = simulate(scn, progress=progress)
+    wall = time.perf_counter() - t0
+    summary = {"name": scn.name, "seed": scn.seed, "kind": "trace", **trace.summary(),
+               "wall_time": wall, "stop_reason": trace.meta.get("stop_reason")}
+    if measure is not None:
+        summary.update(measure(trace))
+    if folder is not None:
+        runs.write_scenario(folder, scn)
+        runs.write_provenance(folder, scn, driver="trace")
+        trace.save(folder)
+        runs.write_summary(folder, summary)
+    return TraceResult(trace, summary, folder)

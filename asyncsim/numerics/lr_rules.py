@@ -1,0 +1,147 @@
+"""Learning-rate rules: the one table of them, used by the update core, the stability
+toolkit and the run measurements.
+
+A rule is a pure JAX function ``rule(lr, staleness, mean_staleness) -> rates`` (see
+:func:`register_lr_rule`); the core (:mod:`asyncsim.numerics.core`) multiplies its per-gradient
+rates by the schedule. :func:`rate_at_delay` evaluates any registered rule (plug-ins included)
+at a constant delay, in float64, which is what the stability analysis needs ("the rate a run
+uses at delay τ": P2's η_τ for ``stability-edge``, α0/τ for ``inverse-staleness``).
+
+Built-ins: ``constant`` (α0), ``inverse-staleness`` (P1's α0/τ, α0 at τ = 0),
+``inverse-mean-staleness`` (α0/⟨τ⟩, Gupta et al. arXiv:1509.04210), ``stability-edge`` (P2's
+η0·sin(π/(4τ+2)), docs/papers.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asyncsim._registry import PluginRegistry, callable_value
+
+LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+__all__ = ["LrRule", "available_lr_rules", "get_lr_rule", "rate_at_delay", "register_lr_rule"]
+
+
+_lr_rules: PluginRegistry[LrRule] = PluginRegistry(
+    "asyncsim.lr_rules", "rule", "optimizer.lr_rule",
+    adapt=callable_value("a function rule(lr, staleness, mean_staleness)"))
+
+
+def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = False):
+    """Register a learning-rate rule under ``name`` (usable as ``optimizer.lr_rule``).
+
+    A rule is a pure JAX function ``rule(lr, staleness, mean_staleness) -> rates``:
+
+    Args (of the rule):
+        lr: float32 scalar, the base rate alpha0 (``state.hyper["lr"]``, possibly traced).
+        staleness: float32 ``[c]``, the staleness tau of each gradient of the update
+            (padding slots included; their rates are discarded).
+        mean_staleness: float32 scalar, the running mean staleness over all gradients
+            applied so far including this update's.
+
+    Returns (of the rule):
+        float32 rates, ``[c]`` or a scalar (broadcast to ``[c]``). The schedule factor is
+        applied on top by the core.
+
+    Usable as a decorator (``@register_lr_rule("mine")``) or directly
+    (``register_lr_rule("mine", fn)``). An installed package can instead expose the function
+    under the entry-point group ``asyncsim.lr_rules`` (docs/plugins.md).
+
+    Raises:
+        ValueError: ``name`` is taken and ``replace`` is false.
+    """
+
+    def _register(f: LrRule) -> LrRule:
+        if name in _lr_rules.direct and not replace:
+            raise ValueError(f"learning-rate rule {name!r} is already registered")
+        _lr_rules.direct[name] = f
+        return f
+
+    return _register(fn) if fn is not None else _register
+
+
+def available_lr_rules() -> list[str]:
+    """The learning-rate rule names: built-ins, registered rules and entry points, sorted."""
+    return _lr_rules.names()
+
+
+def get_lr_rule(name: str) -> LrRule:
+    """The rule registered as ``name`` (or installed under ``asyncsim.lr_rules``).
+
+    Raises:
+        ScenarioError: (a ``ValueError``) naming ``optimizer.lr_rule`` and the allowed rules.
+    """
+    return _lr_rules.get(name)
+
+
+@register_lr_rule("constant")
+def _constant(lr, staleness, mean_staleness):
+    """alpha = alpha0 for every gradient (P1's baseline, P2's plain delayed SGD)."""
+    del mean_staleness
+    return jnp.broadcast_to(lr, staleness.shape)
+
+
+@register_lr_rule("inverse-staleness")
+def _inverse_staleness(lr, staleness, mean_staleness):
+    """P1's staleness-dependent rate: alpha(tau) = alpha0/tau for tau > 0, alpha0 at tau = 0.
+
+    ``max(tau, 1)`` gives both branches without a division by zero (tau is an integer).
+    """
+    del mean_staleness
+    return lr / jnp.maximum(staleness, 1.0)
+
+
+@register_lr_rule("inverse-mean-staleness")
+def _inverse_mean_staleness(lr, staleness, mean_staleness):
+    """The companion paper's (arXiv:1509.04210) alpha = alpha0 / <tau>, floored at <tau> = 1."""
+    return jnp.broadcast_to(lr / jnp.maximum(mean_staleness, 1.0), staleness.shape)
+
+
+@register_lr_rule("stability-edge")
+def _stability_edge(lr, staleness, mean_staleness):
+    """P2's eta_tau = eta0 sin(pi / (4 tau + 2)).
+
+    Keeps the stability threshold eta * lambda_max < 2 sin(pi/(4 tau + 2)) of delayed SGD at
+    the synchronous level 2 / eta0, i.e. the same set of reachable minima (P2, Sec. 3).
+    Equals eta0 at tau = 0 and ~ eta0 * pi / (4 tau + 2) for large tau.
+    """
+    del mean_staleness
+    return lr * jnp.sin(jnp.pi / (4.0 * staleness + 2.0))
+
+
+
+
+def rate_at_delay(name: str, lr, tau):
+    """The per-gradient rate rule ``name`` gives every gradient of a run at constant delay
+    ``tau`` (so the mean staleness is ``tau`` too), before any schedule: P2's η_τ for
+    ``stability-edge``, ``lr/max(τ, 1)`` for ``inverse-staleness``.
+
+    Evaluated in float64 (JAX's x64 mode, for this call only) on numpy inputs, broadcasting
+    ``lr`` against ``tau``; returns a float for scalar inputs, else an array.
+    """
+    rule = get_lr_rule(name)
+    lr64 = np.asarray(lr, np.float64)
+    tau64 = np.asarray(tau, np.float64)
+    if np.any(tau64 < 0):
+        raise ValueError("tau must be non-negative")
+    lr64, tau64 = np.broadcast_arrays(lr64, tau64)
+    with _x64():
+        out = np.asarray(jax.vmap(lambda a, t: jnp.reshape(rule(a, t[None], t), (-1,))[0])(
+            jnp.asarray(lr64.ravel()), jnp.asarray(tau64.ravel())), np.float64)
+    out = out.reshape(lr64.shape)
+    return float(out) if out.ndim == 0 else out
+
+
+def _x64():
+    """JAX's float64 mode as a context manager (``jax.enable_x64`` in current JAX,
+    ``jax.experimental.enable_x64`` before it)."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64  # pragma: no cover - older JAX
+
+    return enable_x64()

@@ -1,0 +1,284 @@
+"""Numerics drivers: the online (SimPy) driver and the exact replay of a trace.
+
+Both drive the same :class:`Numerics` object, whose :meth:`Numerics.update` executes one PS
+update from its timing record — the rows ``(learner, batch, read_version, staleness)`` of
+the gradients it took — with the shared update core (:mod:`asyncsim.core`). The online
+driver calls it from the SimPy run as updates happen; replay calls it in a plain loop over
+a saved trace. Same inputs, same jitted functions, same order: online and replay give
+bit-identical parameters on one machine.
+
+A gradient's inputs are fixed at pull time (the version read and the mini-batch
+``batch_indices(seed, learner, batch)``), so gradients are computed lazily, when the update
+that takes them is applied; the simulated timeline never depends on that choice.
+
+Grouping (DESIGN.md, "Performance principles"): gradients of one update that read the same
+version can be computed by one vmapped call (``grouping="version"``) or one by one
+(``grouping="none"``). On JAX's CPU backend separate calls measured faster for small
+per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on GPU/TPU;
+``benchmarks/bench_online.py`` measures both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asyncsim.config import Scenario
+from asyncsim.errors import ScenarioError
+from asyncsim.numerics.core import CoreState, make_core
+from asyncsim.numerics.data import Dataset, batch_indices, check_batch_size, get_dataset
+from asyncsim.numerics.models import Model, expand_parts, get_model, grad_fn, grad_parts
+
+INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct from batches
+
+Row = tuple[int, int, int, int]  # (learner, batch, read_version, staleness)
+
+
+def init_key(seed: int) -> jax.Array:
+    """The key a scenario's model is initialised with (every driver, every figure)."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), INIT_TAG)
+
+
+def build_model(scn: Scenario) -> Model:
+    """``scn``'s model; a refused option is a ScenarioError under ``model.*``."""
+    try:
+        return get_model(scn.model.name, **scn.model.options)
+    except ScenarioError as e:
+        raise e.with_file(scn.source) from None
+
+
+def build_dataset(scn: Scenario) -> Dataset:
+    """``scn``'s data set; a refused option or a missing file is a ScenarioError under
+    ``data.*``."""
+    try:
+        return get_dataset(scn.data.name, seed=scn.seed, **scn.data.options)
+    except ScenarioError as e:
+        raise e.with_file(scn.source) from None
+    except ValueError as e:  # DataError: a missing file, a refused download
+        raise ScenarioError("data", str(e), file=scn.source) from None
+
+
+class Programs:
+    """Model, device-resident data and the jitted gradient/eval functions of one
+    (model, data, seed, batch size): shared by every Numerics with the same ones, so sweeps
+    and tests compile them once."""
+
+    def __init__(self, model: Model, data: Dataset, scn: Scenario):
+        self.model, self.data = model, data
+        # Device-resident data, gathered inside jit by batch_indices.
+        self.x_train = jnp.asarray(data.x_train)
+        self.y_train = jnp.asarray(data.y_train)
+        self.x_test = jnp.asarray(data.x_test)
+        self.y_test = jnp.asarray(data.y_test)
+        vg = grad_fn(model)
+        seed, mu, n = scn.seed, scn.data.batch_size, int(data.x_train.shape[0])
+
+        def one(params, x_all, y_all, learner, batch):
+            idx = batch_indices(seed, learner, batch, mu, n)
+            return vg(params, x_all[idx], y_all[idx])
+
+        self.one = one  # (params, x_all, y_all, learner, batch) -> (loss, grads); unjitted
+        self.grad_one = jax.jit(one)
+        if model.dense_input is not None:
+            # Pending gradients for the replayer's scan path (models.DenseInput): the same
+            # gradient as `one`, its first kernel kept as dL/dz and expanded when applied.
+            # What travels with the parts to rebuild the first kernel's gradient: the batch's
+            # features when they are smaller than its inputs (a pooled MLP), else the batch's
+            # indices (one gather of the inputs when applied: storing the inputs would cost a
+            # write now and a copy then).
+            feats = model.dense_input.features
+            d_in = int(np.prod(jax.eval_shape(
+                feats, jax.ShapeDtypeStruct((1, *data.x_train.shape[1:]), jnp.float32)).shape))
+            keep_features = d_in < int(np.prod(data.x_train.shape[1:]))
+
+            def parts_one(params, x_all, y_all, learner, batch):
+                idx = batch_indices(seed, learner, batch, mu, n)
+                x = x_all[idx]
+                loss, parts = grad_parts(model, params, x, y_all[idx])
+                return loss, (parts, feats(x) if keep_features else idx)
+
+            def expand_one(parts_with, x_all):
+                parts, kept = parts_with
+                return expand_parts(model, parts, kept if keep_features else feats(x_all[kept]))
+
+            self.parts_one, self.expand_one = parts_one, expand_one
+        self.grad_group = jax.jit(jax.vmap(one, in_axes=(None, None, None, 0, 0)))
+
+        def eval_batch(params, x, y):
+            return model.loss(params, x, y), model.error(params, x, y)
+
+        self.eval_batch_raw = eval_batch
+        self.eval_batch = jax.jit(eval_batch)
+
+
+_SHARED: dict[Any, Programs] = {}
+_SHARED_MAX = 4
+
+
+def _shared(scn: Scenario) -> Programs:
+    key = (scn.model.name, repr(sorted(scn.model.options.items())), scn.data.name,
+           repr(sorted(scn.data.options.items())), scn.seed, scn.data.batch_size)
+    hit = _SHARED.pop(key, None)
+    if hit is None:
+        hit = Programs(build_model(scn), build_dataset(scn), scn)
+    _SHARED[key] = hit  # most recently used last
+    while len(_SHARED) > _SHARED_MAX:
+        del _SHARED[next(iter(_SHARED))]
+    return hit
+
+
+def _default_grouping() -> str:
+    return "none" if jax.default_backend() == "cpu" else "version"
+
+
+@dataclass
+class EvalRecord:
+    version: int
+    gradients: int
+    sim_time: float
+    epoch: float
+    train_loss: float
+    test_loss: float
+    test_error: float
+
+
+class Numerics:
+    """Model, data, update core and the jitted functions of one scenario.
+
+    Args:
+        scn: the scenario.
+        grouping: ``"none"`` | ``"version"`` | ``"auto"`` (see the module docstring).
+        grads_per_update: gradients per PS update (the protocol's c, a timing fact the
+            drivers pass: :func:`asyncsim.drivers.driver.numerics_for`); needed only by
+            epoch-based schedules, which convert epochs to updates with it.
+        model, dataset: reuse already-built ones (sweeps share the data set).
+    """
+
+    def __init__(self, scn: Scenario, *, grouping: str = "auto",
+                 grads_per_update: float | None = None,
+                 model: Model | None = None, dataset: Dataset | None = None):
+        self.scn = scn
+        shared = _shared(scn) if model is None and dataset is None else None
+        if shared is None:
+            shared = Programs(model or build_model(scn), dataset or build_dataset(scn), scn)
+        self.model = shared.model
+        self.data = shared.data
+        self.n_train = int(self.data.x_train.shape[0])
+        self.mu = scn.data.batch_size
+        check_batch_size(self.mu, self.n_train, scn.data.name)
+        self.seed = scn.seed
+        # PS updates per pass over the train set: n_train / (mu * gradients per update).
+        self.upe = (None if grads_per_update is None
+                    else self.n_train / (self.mu * grads_per_update))
+        self.core = make_core(scn.optimizer, num_learners=scn.cluster.learners,
+                              updates_per_epoch=self.upe)
+        self.grouping = _default_grouping() if grouping == "auto" else grouping
+        if self.grouping not in ("none", "version"):
+            raise ValueError(f"grouping must be none, version or auto, got {grouping!r}")
+        self.x_train, self.y_train = shared.x_train, shared.y_train
+        self.x_test, self.y_test = shared.x_test, shared.y_test
+        self.grad = shared.grad_one  # jitted (params, x_all, y_all, learner, batch)
+        self._grad_group = shared.grad_group
+        self._eval_batch = shared.eval_batch
+        self.programs = shared
+        core_apply = self.core.apply
+
+        def apply(state, grads, staleness, learner_ids, step):
+            return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
+                              step=step)
+
+        self.apply = jax.jit(apply)  # (state, stacked grads, staleness, learners, step)
+        grad_one_raw = shared.one
+
+        def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
+            # One dispatch per single-gradient update (async, ssp, fixed-delay, lambda-
+            # softsync): gradient and PS update in one compiled call.
+            loss, g = grad_one_raw(params_r, x_all, y_all, learner, batch)
+            g = jax.tree_util.tree_map(lambda a: a[None], g)
+            st = core_apply(state, g, staleness=staleness[None], learner_ids=learner[None],
+                            step=step)
+            return st, loss[None]
+
+        self.fused1_fn = fused1
+        self._fused1 = jax.jit(fused1)
+
+        def stack_apply(state, grads_list, staleness, learner_ids, step):
+            grads = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *grads_list)
+            return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
+                              step=step)
+
+        self.stack_apply_fn = stack_apply
+        self._stack_apply = jax.jit(stack_apply)
+
+    # ------------------------------------------------------------------ state
+    def init_params(self):
+        return self.model.init(init_key(self.seed))
+
+    def init_state(self, **hyper: Any) -> CoreState:
+        return self.core.init(self.init_params(), **hyper)
+
+    # ------------------------------------------------------------------ one update
+    def _grouped_gradients(self, versions: dict[int, Any], rows: Sequence[Row]):
+        """Losses [c] and stacked gradients (leading axis c) of an update's rows, in order,
+        with one vmapped call per read version (``grouping="version"``)."""
+        groups: dict[int, list[int]] = {}
+        for i, (_, _, r, _) in enumerate(rows):
+            groups.setdefault(r, []).append(i)
+        parts_l, parts_g, order = [], [], []
+        for r, idx in groups.items():
+            ls = np.asarray([rows[i][0] for i in idx], np.int32)
+            bs = np.asarray([rows[i][1] for i in idx], np.int32)
+            loss, g = self._grad_group(versions[r], self.x_train, self.y_train, ls, bs)
+            parts_l.append(loss)
+            parts_g.append(g)
+            order.extend(idx)
+        losses = jnp.concatenate(parts_l)
+        grads = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *parts_g)
+        if order != sorted(order):
+            inv = np.argsort(np.asarray(order))
+            losses = losses[inv]
+            grads = jax.tree_util.tree_map(lambda a: a[inv], grads)
+        return losses, grads
+
+    def update(self, state: CoreState, versions: dict[int, Any], version: int,
+               rows: Sequence[Row]) -> tuple[CoreState, jax.Array]:
+        """Apply PS update ``version`` taking ``rows``; returns the new state and batch losses.
+
+        Every driver executes updates through this method, so the same rows give the same
+        compiled calls and bit-identical results online, in replay and on Ray.
+        """
+        if len(rows) == 1:
+            (l, b, r, tau), = rows
+            return self._fused1(state, versions[r], self.x_train, self.y_train, np.int32(l),
+                                np.int32(b), np.int32(tau), np.int32(version))
+        staleness = np.asarray([row[3] for row in rows], np.int32)
+        learners = np.asarray([row[0] for row in rows], np.int32)
+        if self.grouping == "none":
+            outs = [self.grad(versions[r], self.x_train, self.y_train,
+                                   np.int32(l), np.int32(b)) for l, b, r, _ in rows]
+            state = self._stack_apply(state, tuple(o[1] for o in outs), staleness, learners,
+                                      np.int32(version))
+            return state, jnp.stack([o[0] for o in outs])
+        losses, grads = self._grouped_gradients(versions, rows)
+        state = self.apply(state, grads, staleness, learners, np.int32(version))
+        return state, losses
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, params, *, samples: int | None = None, batch: int = 1000):
+        """(test loss, test error) on the first ``samples`` test examples."""
+        n = self.x_test.shape[0] if samples is None else min(samples, self.x_test.shape[0])
+        tot_l = tot_e = 0.0
+        for s in range(0, n, batch):
+            e = min(s + batch, n)
+            loss, err = self._eval_batch(params, self.x_test[s:e], self.y_test[s:e])
+            tot_l += float(loss) * (e - s)
+            tot_e += float(err) * (e - s)
+        return tot_l / max(n, 1), tot_e / max(n, 1)
+
+    def epoch_of(self, gradients: int) -> float:
+        return gradients * self.mu / self.n_train

@@ -1,0 +1,460 @@
+"""Measured stability edges of delayed SGD on quadratics, and sharpness during training (P2).
+
+P2 (Giladi, Shpigel Nacson, Hoffer, Soudry, ICLR 2020, arXiv 1909.12340) predicts that SGD
+with a constant delay τ is linearly stable at a minimum iff ``η λ_max < 2 sin(π/(4τ+2))``
+(:mod:`asyncsim.stability` has the closed forms for every momentum kind). This module
+*measures* that edge by running the real simulator, so that the closed forms, the protocol
+code and the update core check each other:
+
+1. timing: a ``fixed-delay`` scenario (N = τ + 1 workers; schedule ``round-robin``, ``random``
+   or ``normal``) is simulated by :func:`asyncsim.api.simulate`, so the staleness pattern is
+   the protocol's, not a formula's;
+2. numerics: the trace is executed by :class:`ScanExecutor`, the "scan path" of DESIGN.md's
+   replay for small dense models: one ``jax.lax.scan`` over the trace's updates with a ring
+   buffer of the last ``S + 1`` parameter versions, each update applied by the shared core
+   (:func:`asyncsim.core.make_core`), ``jax.vmap``-ed over a grid of learning rates through
+   the state's ``hyper["lr"]`` (and optionally over several traces), all in one compiled
+   program. It agrees with the Python-loop :func:`asyncsim.replay` (tested);
+3. :func:`find_edge` brackets the largest stable ``x = η·λ`` on a log grid, then refines it
+   on linear grids until the bracket is narrower than ``rel_tol``.
+
+Divergence criterion. The recurrence is linear (with ``noise = 0``), so ``|w_t|`` behaves like
+``ρ^t`` once the non-dominant modes have died out, ρ the spectral radius. We record the
+largest ``|w|²`` over the second quarter of the run (window A) and over the last quarter
+(window B): the run is *stable* iff B < A (or B = 0 after underflow), i.e. ``|w|`` shrank over
+half the run. Windows rather than points make the test immune to the rotation of the complex
+dominant root (its period is about ``4τ + 2`` updates, far below a quarter-run). Starting at
+the second quarter lets the faster modes decay first. Near the edge ``1 − ρ`` is only
+``O(ε/τ)`` for ``x = (1 − ε)·edge``, so the run length grows with τ (:func:`default_steps`);
+with these lengths the measured edges match the closed forms to well under 1% for
+τ ≤ 32 and every momentum kind (``tests/test_edges.py``). With gradient noise the iterate
+settles at a noise floor instead of shrinking, so a noisy run counts as unstable only if
+``|w|²`` more than doubles between the windows (``noise_slack``); this biases the noisy edge
+slightly upwards, and is documented where it is used.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+from asyncsim.config import Scenario
+from asyncsim.drivers.driver import numerics_for
+from asyncsim.drivers.replay import replay
+from asyncsim.drivers.trace_only import simulate
+from asyncsim.numerics.core import make_core
+from asyncsim.numerics.data import batch_indices
+from asyncsim.numerics.lr_rules import rate_at_delay
+from asyncsim.numerics.models import grad_fn
+from asyncsim.numerics.numerics import Numerics
+from asyncsim.scenario import load_scenario
+from asyncsim.stability.closed_form import edge
+from asyncsim.stability.sharpness import sharpness
+from asyncsim.trace import Trace
+
+__all__ = [
+    "ScanExecutor",
+    "default_steps",
+    "find_edge",
+    "edges_of_traces",
+    "find_edges",
+    "quadratic_scenario",
+    "scan_replay",
+    "sharpness_trajectory",
+    "stable_mask",
+]
+
+# Initial log grid of x = η·λ. It is shifted up or down (whole decades) when the edge is not
+# inside it: the dampened edge at τ = 0, β = 0.9 is 38, the heavy-ball edge at τ = 256 is ~6e-4.
+_X_LO, _X_HI = 1e-4, 8.0
+NOISE_SLACK = 1.0  # noisy runs: unstable iff |w|² grows by more than (1 + slack)
+
+
+def default_steps(tau: int, schedule: str = "round-robin") -> int:
+    """Run length deciding a 0.1% margin from the edge reliably at delay ``tau``.
+
+    ``1 − ρ`` at ``x = (1 − ε)·edge`` scales like ``ε/τ`` (the critical root moves by
+    ``dx/|p'(z)|`` with ``|p'(z)| = O(1)``), so the log-growth over half a run of length
+    ``n`` is ``O(ε n / τ)``: ``n ∝ τ`` keeps it fixed. The constant was chosen by comparing
+    with the closed forms (``tests/test_edges.py``); random schedules get twice as long
+    because their staleness has a heavy tail and the growth rate is itself random.
+    """
+    n = 2000 + 600 * (int(tau) + 1)
+    return 2 * n if schedule != "round-robin" else n
+
+
+def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
+                       schedule: str = "round-robin", eigenvalue: float = 1.0,
+                       noise: float = 0.0, steps: int | None = None, seed: int = 0,
+                       lr: float | None = None, batch_size: int = 1) -> Scenario:
+    """The fixed-delay scenario of one edge measurement (P2's one-device simulation).
+
+    One-dimensional quadratic ``L(w) = λ w²/2`` (plus ``noise·mean_b(x_b w)`` on the
+    ``gaussian`` data when ``noise > 0``), N = τ + 1 workers with unit compute times, the
+    given momentum kind and β, constant learning-rate rule, ``steps`` updates.
+    """
+    steps = default_steps(tau, schedule) if steps is None else int(steps)
+    raw: dict[str, Any] = {
+        "name": f"edge-tau{tau}-{momentum}-{schedule}",
+        "seed": int(seed),
+        "protocol": {"kind": "fixed-delay", "tau": int(tau), "schedule": schedule},
+        "optimizer": {"lr": float(lr if lr is not None else 0.1 / eigenvalue),
+                      "momentum": {"kind": momentum, "beta": float(beta)}},
+        "model": {"name": "quadratic", "eigenvalues": [float(eigenvalue)],
+                  "noise": float(noise)},
+        "data": {"name": "gaussian", "dim": 1, "batch_size": int(batch_size),
+                 "n_train": 1000, "n_test": 10},
+        "run": {"updates": steps},
+    }
+    return load_scenario(raw)
+
+
+# ------------------------------------------------------------------------------ scan path
+def _trace_arrays(trace: Trace) -> dict[str, np.ndarray]:
+    """Per-update columns of a one-gradient-per-update trace (async / fixed-delay)."""
+    n = trace.updates["n_grads"]
+    if trace.num_updates and not np.all(n == 1):
+        raise ValueError("the scan executor handles one gradient per update (async, "
+                         "fixed-delay); use asyncsim.replay for grouped updates")
+    g = trace.grads
+    return {"read": g["read_version"].astype(np.int32),
+            "stale": g["staleness"].astype(np.int32),
+            "learner": g["learner"].astype(np.int32),
+            "batch": g["batch"].astype(np.int32)}
+
+
+@dataclass
+class ScanResult:
+    """Final parameters and growth windows of a batch of runs (leading axes ``[T, K]``)."""
+
+    params: Any
+    window_a: np.ndarray  # max |w|² over updates [M/4, M/2)
+    window_b: np.ndarray  # max |w|² over updates [3M/4, M)
+
+
+class ScanExecutor:
+    """Executes traces of one-gradient updates as one compiled ``lax.scan`` (DESIGN.md replay).
+
+    Built from a scenario (model, data, seed, batch size, optimizer); ``num_learners`` sizes
+    shifted momentum's per-learner buffers (the largest τ + 1 when several traces share one
+    program). :meth:`run` executes ``T`` traces of equal length × ``K`` learning rates:
+
+    * a ring buffer of ``ring`` parameter versions (``ring ≥ S + 1``): version ``v`` lives in
+      slot ``v mod ring``; the write slot ``(v + 1) mod ring`` is the same for every lane, so
+      it is a plain dynamic-update-slice, and only the read is a per-trace gather;
+    * gradient of the version read, on the mini-batch ``batch_indices(seed, learner, batch)``
+      exactly as :class:`asyncsim.engine.Numerics` computes it;
+    * one :func:`asyncsim.core.make_core` ``apply`` per update, the lane's rate in
+      ``state.hyper["lr"]``.
+
+    Compiled once per (T, K, M, ring): later calls with new rates or traces of the same shape
+    reuse the program.
+    """
+
+    def __init__(self, scn: Scenario, *, num_learners: int | None = None,
+                 numerics: Numerics | None = None):
+        num = numerics or numerics_for(scn)
+        self.scn = scn
+        self.num = num
+        self.num_learners = int(num_learners or scn.cluster.learners)
+        self.core = make_core(scn.optimizer, num_learners=self.num_learners,
+                              updates_per_epoch=num.upe)
+        self.params0 = num.init_params()
+        self._compiled: dict[Any, Any] = {}
+
+    def _build(self, ring: int, steps: int):
+        core, vg = self.core, grad_fn(self.num.model)
+        seed, mu, n = self.num.seed, self.num.mu, self.num.n_train
+        x_all, y_all, params0 = self.num.x_train, self.num.y_train, self.params0
+        tm = jax.tree_util.tree_map
+        q1, q2, q3 = steps // 4, steps // 2, (3 * steps) // 4
+
+        def one(lr, read, stale, learner, batch, versions):
+            state = core.init(params0, lr=lr)
+            ring_buf = tm(lambda p: jnp.broadcast_to(p, (ring, *p.shape)), params0)
+
+            def step(carry, xs):
+                state, ring_buf, wa, wb = carry
+                v, r, s, k, b = xs
+                p_read = tm(lambda a: jax.lax.dynamic_index_in_dim(a, r % ring, 0, False),
+                            ring_buf)
+                idx = batch_indices(seed, k, b, mu, n)
+                _, g = vg(p_read, x_all[idx], y_all[idx])
+                state = core.apply(state, tm(lambda a: a[None], g), staleness=s[None],
+                                   learner_ids=k[None], step=v)
+                ring_buf = tm(lambda a, p: jax.lax.dynamic_update_index_in_dim(
+                    a, p, (v + 1) % ring, 0), ring_buf, state.params)
+                sq = sum(jnp.sum(jnp.square(p)) for p in jax.tree_util.tree_leaves(state.params))
+                # NaN must win the max (a diverged lane), hence jnp.maximum, not fmax.
+                wa = jnp.where((v >= q1) & (v < q2), jnp.maximum(wa, sq), wa)
+                wb = jnp.where(v >= q3, jnp.maximum(wb, sq), wb)
+                return (state, ring_buf, wa, wb), None
+
+            zero = jnp.zeros((), jnp.float32)
+            (state, _, wa, wb), _ = jax.lax.scan(
+                step, (state, ring_buf, zero, zero), (versions, read, stale, learner, batch))
+            return state.params, wa, wb
+
+        over_lr = jax.vmap(one, in_axes=(0, None, None, None, None, None))
+        over_traces = jax.vmap(over_lr, in_axes=(0, 0, 0, 0, 0, None))
+        return jax.jit(over_traces)
+
+    def run(self, lrs, traces: Sequence[Trace] | Trace, *, ring: int | None = None) -> ScanResult:
+        """Run every trace with every learning rate in ``lrs`` (one compiled program).
+
+        Args:
+            lrs: ``[K]`` raw learning rates η (the core's ``hyper["lr"]``) shared by every
+                trace, or ``[T, K]``: a grid per trace.
+            traces: one trace or ``T`` traces with the same number of updates.
+            ring: ring-buffer size; default ``max staleness + 1`` over the traces.
+
+        Returns:
+            :class:`ScanResult` with leading axes ``[T, K]``.
+        """
+        traces = [traces] if isinstance(traces, Trace) else list(traces)
+        arrs = [_trace_arrays(t) for t in traces]
+        steps = {a["read"].size for a in arrs}
+        if len(steps) != 1:
+            raise ValueError(f"traces must have equal numbers of updates, got {sorted(steps)}")
+        (m,) = steps
+        s_max = max(int(a["stale"].max(initial=0)) for a in arrs)
+        ring = s_max + 1 if ring is None else int(ring)
+        if ring < s_max + 1:
+            raise ValueError(f"ring = {ring} < max staleness + 1 = {s_max + 1}")
+        key = (ring, m)
+        if key not in self._compiled:
+            self._compiled[key] = self._build(ring, m)
+        stacked = {k: jnp.asarray(np.stack([a[k] for a in arrs])) for k in arrs[0]}
+        lrs = np.asarray(lrs, np.float32)
+        lrs = np.broadcast_to(lrs, (len(arrs), lrs.shape[-1]))
+        params, wa, wb = self._compiled[key](
+            jnp.asarray(lrs), stacked["read"], stacked["stale"],
+            stacked["learner"], stacked["batch"], jnp.arange(m, dtype=jnp.int32))
+        return ScanResult(params, np.asarray(wa), np.asarray(wb))
+
+
+def scan_replay(scn: Scenario, trace: Trace, *, hyper: dict[str, float] | None = None):
+    """Final parameters of ``trace`` under ``scn`` by the scan path (cf. ``replay``).
+
+    Only ``hyper["lr"]`` may differ from the scenario (β and weight decay come from it).
+    """
+    hyper = dict(hyper or {})
+    lr = hyper.pop("lr", scn.optimizer.lr)
+    if hyper:
+        raise ValueError(f"scan_replay overrides lr only, got {sorted(hyper)}")
+    res = ScanExecutor(scn).run([lr], trace)
+    return jax.tree_util.tree_map(lambda a: a[0, 0], res.params)
+
+
+def stable_mask(window_a: np.ndarray, window_b: np.ndarray, *, noise: bool = False) -> np.ndarray:
+    """Stable iff ``|w|²`` shrank between the windows (module docstring); NaN/inf: unstable."""
+    slack = 1.0 + (NOISE_SLACK if noise else 0.0)
+    finite = np.isfinite(window_a) & np.isfinite(window_b)
+    return finite & ((window_b < window_a * slack) | (window_b == 0.0))
+
+
+# ------------------------------------------------------------------------------ edges
+def _bracket(stable: np.ndarray, xs: np.ndarray):
+    """(last stable x before the first unstable one, first unstable x) or a shift hint."""
+    bad = np.flatnonzero(~stable)
+    if bad.size == 0:
+        return None, "up"
+    i = int(bad[0])
+    if i == 0:
+        return None, "down"
+    return (float(xs[i - 1]), float(xs[i])), None
+
+
+def _search(measure, n_lr: int, rel_tol: float, x_lo: float, x_hi: float,
+            max_shifts: int = 6) -> np.ndarray:
+    """Vectorised bracketing over ``T`` problems: ``measure(xs [T, K]) -> stable [T, K]``."""
+    t = measure.n_problems
+    lo_hi = np.tile(np.geomspace(x_lo, x_hi, n_lr), (t, 1))
+    brackets: list[tuple[float, float] | None] = [None] * t
+    span = x_hi / x_lo
+    for _ in range(max_shifts + 1):
+        st = measure(lo_hi)
+        pending = False
+        for j in range(t):
+            if brackets[j] is not None:
+                continue
+            br, hint = _bracket(st[j], lo_hi[j])
+            if br is not None:
+                brackets[j] = br
+                continue
+            pending = True
+            # Shift this problem's grid a whole span up or down (rare: τ = 0 dampened, ...).
+            lo = lo_hi[j, 0] * (span if hint == "up" else 1 / span)
+            lo_hi[j] = np.geomspace(lo, lo * span, n_lr)
+        if not pending:
+            break
+    if any(b is None for b in brackets):
+        raise RuntimeError("could not bracket the edge; widen the grid")
+    lo = np.array([b[0] for b in brackets])
+    hi = np.array([b[1] for b in brackets])
+    while np.any((hi - lo) / lo > rel_tol):
+        grid = lo[:, None] + (hi - lo)[:, None] * np.linspace(0, 1, n_lr + 2)[None, 1:-1]
+        st = measure(grid)
+        for j in range(t):
+            bad = np.flatnonzero(~st[j])
+            if bad.size == 0:
+                lo[j] = grid[j, -1]
+            else:
+                i = int(bad[0])
+                hi[j] = grid[j, i]
+                if i > 0:
+                    lo[j] = grid[j, i - 1]
+    return lo
+
+
+class _Measure:
+    """``xs [T, K] -> stable [T, K]``: one call of the scan executor over T traces, rates x/λ."""
+
+    def __init__(self, executor: ScanExecutor, traces: list[Trace], eigenvalue: float,
+                 noise: bool):
+        self.ex, self.traces, self.lam, self.noise = executor, traces, eigenvalue, noise
+        self.n_problems = len(traces)
+        self.calls = 0
+
+    def __call__(self, xs: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        r = self.ex.run(xs / self.lam, self.traces)
+        return stable_mask(r.window_a, r.window_b, noise=self.noise)
+
+
+def find_edge(tau: int, momentum: str = "none", beta: float = 0.0, *,
+              schedule: str = "round-robin", eigenvalue: float = 1.0, noise: float = 0.0,
+              n_lr: int = 256, steps: int | None = None, rel_tol: float = 1e-3,
+              seed: int = 0) -> float:
+    """Largest stable ``η·λ`` at delay τ, measured by simulation (P2, Sec. 3).
+
+    Simulates the fixed-delay scenario (:func:`quadratic_scenario`), runs its trace for a
+    grid of ``n_lr`` learning rates in one vmapped scan (:class:`ScanExecutor`), and refines
+    the bracket [last stable, first unstable] on linear grids until its relative width is
+    below ``rel_tol``. For ``schedule = "round-robin"`` this reproduces
+    :func:`asyncsim.stability.edge` (``2 sin(π/(4τ+2))`` for plain SGD); for ``random`` and
+    ``normal`` there is no closed form and the answer is the edge of that seed's trace.
+
+    Returns:
+        The largest ``x = η·λ`` measured stable (within ``rel_tol`` below the first
+        unstable one).
+    """
+    return float(find_edges([tau], momentum, beta, schedule=schedule, eigenvalue=eigenvalue,
+                            noise=noise, n_lr=n_lr, steps=steps, rel_tol=rel_tol,
+                            seed=seed)[0])
+
+
+def find_edges(taus: Sequence[int], momentum: str = "none", beta: float = 0.0, *,
+               schedule: str = "round-robin", eigenvalue: float = 1.0, noise: float = 0.0,
+               n_lr: int = 256, steps: int | None = None, rel_tol: float = 1e-3,
+               seed: int = 0) -> np.ndarray:
+    """:func:`find_edge` for several delays in one compiled program (vmapped over traces).
+
+    Every trace gets the run length of the largest τ (shapes must match), and the ring
+    buffer and shifted momentum's buffers are sized for the largest τ; a smaller trace just
+    leaves the extra slots unused, so the numbers equal separate runs of that length.
+    """
+    taus = [int(t) for t in taus]
+    tmax = max(taus)
+    steps = default_steps(tmax, schedule) if steps is None else int(steps)
+    scns = [quadratic_scenario(t, momentum, beta, schedule=schedule, eigenvalue=eigenvalue,
+                               noise=noise, steps=steps, seed=seed) for t in taus]
+    traces = [simulate(s) for s in scns]
+    return edges_of_traces(scns[taus.index(tmax)], traces, n_lr=n_lr, rel_tol=rel_tol)
+
+
+def edges_of_traces(scn: Scenario, traces: Sequence[Trace], *, n_lr: int = 256,
+                    rel_tol: float = 1e-3) -> np.ndarray:
+    """Measured edges ``η·λ`` of recorded traces (equal lengths) under ``scn``'s numerics.
+
+    ``scn`` is a quadratic scenario (:func:`quadratic_scenario` or a file like
+    ``scenarios/p2_f2.toml``) whose optimizer (momentum kind, β) applies to every trace; its
+    ``cluster.learners`` must be at least every trace's worker count (shifted momentum keeps
+    one buffer per worker). Used by the figure code, which reads saved traces.
+    """
+    lam = scn.model.options.get("eigenvalues", [1.0])
+    if len(lam) != 1:
+        raise ValueError("edges_of_traces needs a one-dimensional quadratic (one eigenvalue)")
+    n_workers = max(int(t.grads["learner"].max(initial=0)) + 1 for t in traces)
+    ex = ScanExecutor(scn, num_learners=max(n_workers, scn.cluster.learners))
+    noise = float(scn.model.options.get("noise", 0.0)) > 0
+    measure = _Measure(ex, list(traces), float(lam[0]), noise)
+    return _search(measure, n_lr, rel_tol, _X_LO, _X_HI)
+
+
+def edge_comparison(taus: Sequence[int], momenta: Sequence[str] = ("none",),
+                    betas: Sequence[float] = (0.9,), **kw: Any) -> pd.DataFrame:
+    """Closed form against measured edge for every (τ, momentum, β): the CLI's table.
+
+    Columns: tau, momentum, beta, closed_form, measured, rel_error, seconds.
+    """
+    rows = []
+    for kind in momenta:
+        for beta in ((0.0,) if kind == "none" else tuple(betas)):
+            t0 = time.perf_counter()
+            meas = find_edges(list(taus), kind, beta, **kw)
+            dt = time.perf_counter() - t0
+            for tau, m in zip(taus, meas, strict=True):
+                cf = float(edge(tau, kind, beta))
+                rows.append({"tau": int(tau), "momentum": kind, "beta": float(beta),
+                             "closed_form": cf, "measured": float(m),
+                             "rel_error": float(m / cf - 1.0), "seconds": dt / len(taus)})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------ sharpness
+def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
+                         max_iter: int = 50, tol: float = 1e-4,
+                         numerics: Numerics | None = None) -> pd.DataFrame:
+    """Train ``scn`` (its trace, replayed update by update) and log sharpness every ``every``.
+
+    The timing comes from :func:`asyncsim.api.simulate`; each update runs through
+    :meth:`asyncsim.engine.Numerics.update` (the shared core), keeping only the parameter
+    versions later gradients read. Every ``every`` updates the top Hessian eigenvalue of the
+    mean loss over the first ``samples`` training examples is measured by
+    :func:`asyncsim.sharpness.sharpness` (P2's HVP power iteration; a fixed batch so the
+    curve is not batch noise).
+
+    Returns:
+        DataFrame with columns update, sharpness, train_loss (on the sharpness batch),
+        lr, tau_edge (``2 sin(π/(4τ+2))/η`` for the scenario's ``protocol.tau``, NaN when the
+        protocol has none), sync_edge (``2/η``), diverged.
+    """
+    num = numerics or numerics_for(scn)
+    trace = simulate(scn)
+    xs, ys = num.x_train[:samples], num.y_train[:samples]
+    state = num.init_state()
+    tau = scn.protocol.tau
+    # The rate the run actually uses at delay tau (the stability-edge rule lowers it).
+    eta = (rate_at_delay(scn.optimizer.lr_rule, float(state.hyper["lr"]), tau)
+           if tau is not None else float(state.hyper["lr"]))
+    tau_edge = 2 * math.sin(math.pi / (4 * tau + 2)) / eta if tau is not None else math.nan
+    rows = []
+
+    def log(v, params, diverged=False):
+        loss = float(num.model.loss(params, xs, ys))
+        sh = (sharpness(num.model, params, xs, ys, max_iter=max_iter, tol=tol)
+              if math.isfinite(loss) else math.nan)
+        rows.append({"update": v, "sharpness": sh, "train_loss": loss, "lr": eta,
+                     "tau_edge": tau_edge, "sync_edge": 2.0 / eta, "diverged": diverged})
+
+    def observe(v, st):
+        finite = all(bool(np.all(np.isfinite(np.asarray(x))))
+                     for x in jax.tree_util.tree_leaves(st.params))
+        log(v, st.params, diverged=not finite)
+        return finite  # stop at the first non-finite parameters
+
+    log(0, state.params)
+    res = replay(scn, trace, numerics=num, observe=observe, observe_every=every)
+    if res.summary["diverged"] and not rows[-1]["diverged"]:
+        # The driver stopped the replay at a diverged update between two observations.
+        log(res.trace.num_updates, res.params, diverged=True)
+    return pd.DataFrame(rows)

@@ -1,0 +1,138 @@
+"""Trace invariants, checked by :func:`check_trace` (re-exported by :mod:`asyncsim.testing`).
+
+Each check raises :class:`TraceInvariantError` with a message that names the invariant and
+the first offending row, so a failing property test points at the bug.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asyncsim.config import Scenario
+from asyncsim.trace import Trace
+
+
+class TraceInvariantError(AssertionError):
+    """A trace violates an invariant of the simulator or of its protocol."""
+
+
+def _fail(what: str, trace: Trace, rows) -> None:
+    rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows)
+    if rows.size:
+        i = int(rows[0])
+        row = {k: trace.grads[k][i].item() for k in trace.grads} if i < trace.num_gradients else {}
+        raise TraceInvariantError(f"{what} (first at gradient row {i}: {row}; "
+                                  f"{rows.size} rows in all)")
+
+
+def check_trace(trace: Trace, scenario: Scenario) -> None:
+    """Raise :class:`TraceInvariantError` on any violated invariant.
+
+    Generic: staleness = apply_version − read_version ≥ 0; t_pull ≤ t_push ≤ t_arrive ≤
+    t_apply; update versions are 0, 1, 2, …; update times never decrease; each update's rows
+    are contiguous and carry its version and time; each learner's gradients appear in program
+    order (batch 0, 1, 2, …, pulled at non-decreasing times and versions); a gradient reads a
+    version that existed at its pull time.
+
+    Per protocol: ``hardsync`` staleness ≡ 0 and one gradient per learner per update (all
+    λ learners; in a real run whose meta has ``short_rounds_allowed`` -- a learner died --
+    an update may take 1..λ gradients, still from distinct learners);
+    ``softsync`` exactly c = ⌊λ/n⌋ gradients per update; ``async``/``ssp``/``fixed-delay`` one;
+    ``fixed-delay`` with the round-robin schedule: staleness = min(version, τ); ``ssp``: at
+    every pull the learner's clock leads the slowest learner's by at most s.
+    """
+    g, u = trace.grads, trace.updates
+    n, m = trace.num_gradients, trace.num_updates
+    lam = scenario.cluster.learners
+    proto = scenario.protocol
+
+    if not np.array_equal(u["version"], np.arange(m)):
+        raise TraceInvariantError("update versions are not 0, 1, 2, ...")
+    if m and (u["start"][0] != 0 or not np.array_equal(u["start"][1:],
+                                                       np.cumsum(u["n_grads"])[:-1])):
+        raise TraceInvariantError("update rows are not contiguous (start/n_grads disagree)")
+    if int(np.sum(u["n_grads"])) != n:
+        raise TraceInvariantError(f"updates take {int(np.sum(u['n_grads']))} gradients, "
+                                  f"the trace has {n}")
+    if m and np.any(np.diff(u["time"]) < 0):
+        raise TraceInvariantError("update times decrease")
+    if n == 0:
+        return
+    owner = np.repeat(np.arange(m), u["n_grads"])
+    _fail("a row's apply_version differs from its update's version", trace,
+          g["apply_version"] != owner)
+    _fail("a row's t_apply differs from its update's time", trace,
+          g["t_apply"] != u["time"][owner])
+    _fail("staleness != apply_version - read_version", trace,
+          g["staleness"] != g["apply_version"] - g["read_version"])
+    _fail("negative staleness", trace, g["staleness"] < 0)
+    _fail("t_pull > t_push", trace, g["t_pull"] > g["t_push"])
+    _fail("t_push > t_arrive", trace, g["t_push"] > g["t_arrive"])
+    _fail("t_arrive > t_apply", trace, g["t_arrive"] > g["t_apply"])
+    _fail("learner id out of range", trace, (g["learner"] < 0) | (g["learner"] >= lam))
+    # A gradient reads a version that existed when it was pulled: version r exists from
+    # the time update r - 1 was applied.
+    created = np.concatenate([[-np.inf], u["time"]])
+    _fail("read a version before it existed", trace, created[g["read_version"]] > g["t_pull"])
+
+    for learner in np.unique(g["learner"]):
+        rows = np.flatnonzero(g["learner"] == learner)
+        b = g["batch"][rows]
+        order = np.argsort(b, kind="stable")
+        if not np.array_equal(b[order], np.arange(rows.size)):
+            _fail(f"learner {learner}'s batches are not 0..{rows.size - 1}", trace, rows)
+        if np.any(np.diff(order) < 0):
+            _fail(f"learner {learner}'s gradients are applied out of program order", trace, rows)
+        _fail(f"learner {learner} pulls at decreasing times", trace,
+              rows[1:][np.diff(g["t_pull"][rows]) < 0])
+        _fail(f"learner {learner} reads decreasing versions", trace,
+              rows[1:][np.diff(g["read_version"][rows]) < 0])
+
+    kind = proto.kind
+    if kind == "hardsync":
+        _fail("hardsync staleness must be 0", trace, g["staleness"] != 0)
+        short_ok = (trace.meta.get("kind") == "real"
+                    and bool(trace.meta.get("short_rounds_allowed")))
+        if short_ok:
+            if np.any((u["n_grads"] < 1) | (u["n_grads"] > lam)):
+                raise TraceInvariantError(f"hardsync updates must take 1..{lam} gradients")
+        elif np.any(u["n_grads"] != lam):
+            raise TraceInvariantError(f"hardsync updates must take {lam} gradients")
+        for v in range(m):
+            s = trace.update_slice(v)
+            if np.unique(g["learner"][s]).size != u["n_grads"][v]:
+                raise TraceInvariantError(f"hardsync update {v} takes two gradients of one "
+                                          "learner" if short_ok else
+                                          f"hardsync update {v} lacks a learner")
+    elif kind == "softsync":
+        c = lam // proto.n
+        if np.any(u["n_grads"] != c):
+            bad = int(np.flatnonzero(u["n_grads"] != c)[0])
+            raise TraceInvariantError(f"softsync update {bad} took {u['n_grads'][bad]} "
+                                      f"gradients, c = {c}")
+    elif kind in ("async", "ssp", "fixed-delay"):
+        if np.any(u["n_grads"] != 1):
+            raise TraceInvariantError(f"{kind} updates must take one gradient each")
+    if kind == "fixed-delay" and proto.schedule == "round-robin":
+        want = np.minimum(g["apply_version"], proto.tau)
+        _fail(f"fixed-delay staleness must be min(version, tau={proto.tau})", trace,
+              g["staleness"] != want)
+    if kind == "ssp":
+        _check_ssp(trace, lam, proto.s)
+
+
+def _check_ssp(trace: Trace, lam: int, s: int) -> None:
+    """At each pull, every learner has pushed at least (batch - s) gradients."""
+    g = trace.grads
+    arrive_sorted = [np.sort(g["t_arrive"][g["learner"] == k]) for k in range(lam)]
+    for i in range(trace.num_gradients):
+        need = int(g["batch"][i]) - s
+        if need <= 0:
+            continue
+        t = g["t_pull"][i]
+        for k in range(lam):
+            # gradients of k that had arrived at the pull (ties: arrival before pull)
+            have = int(np.searchsorted(arrive_sorted[k], t, side="right"))
+            if have < need:
+                _fail(f"ssp: learner {g['learner'][i]} pulled batch {g['batch'][i]} while "
+                      f"learner {k} had pushed only {have} (s = {s})", trace, [i])

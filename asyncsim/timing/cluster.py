@@ -1,0 +1,342 @@
+"""The timing layer: SimPy processes for learners, links and the parameter server.
+
+A learner loops (P1's system model): pull the weights (the PS reads its version *when it
+serves the pull*; that is the gradient's ``read_version``), wait for the pull link, compute
+for a sampled time, push through the push link (a blocking send, like P1's MPI calls), then
+pull again. The protocol (:mod:`asyncsim.protocols`) decides when the PS updates and which
+gradients each update takes. Nothing here looks at gradient values: the same run with or
+without numerics has the same timeline.
+
+Determinism (DESIGN.md): every random stream is a ``numpy.random.Generator`` built from
+``SeedSequence(seed, spawn_key=(stream, learner))`` — one stream per learner and per link
+direction — so adding learner 31 leaves learners 0–30's draws unchanged. The global
+``random`` and ``np.random`` state are never used.
+
+Tie-break: events at the same simulated instant run in SimPy's (time, priority, insertion)
+order. Learners start in id order at t = 0, so two gradients that arrive at the same instant
+are taken by the PS in the order their final timeouts were scheduled, which for equal
+durations is the order in which their learners started that step (ties at t = 0: lower id
+first). ``tests/test_cluster.py`` asserts an exact log of this.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from asyncsim.config import Scenario
+from asyncsim.timing import delays
+from asyncsim.timing.protocols import Protocol, get_protocol_class
+from asyncsim.trace import GRAD_COLUMNS, UPDATE_COLUMNS, Trace
+
+# Stream ids of SeedSequence spawn keys (never reorder: that would change every trace).
+STREAM_COMPUTE, STREAM_PULL, STREAM_PUSH, STREAM_SERVICE, STREAM_SCHEDULE = range(5)
+_PS = 1 << 30  # the "learner" index of the PS's own streams
+# Draws per refill of a learner's stream. Fixed (never derived from the cluster size), so
+# adding learners cannot change another learner's draws.
+_BLOCK = 512
+
+OnUpdate = Callable[[int, Sequence[tuple]], bool | None]
+
+
+def stream_rng(seed: int, stream: int, learner: int) -> np.random.Generator:
+    """The Generator of one (stream, learner) pair: independent of every other pair."""
+    return np.random.Generator(np.random.PCG64(
+        np.random.SeedSequence(seed, spawn_key=(stream, learner))))
+
+
+class _Zero:
+    """A link that costs nothing (the common case); lets the hot loop skip a timeout."""
+
+    @staticmethod
+    def next(now: float) -> float:  # pragma: no cover - never called, checked by identity
+        return 0.0
+
+
+class _Link:
+    """Latency sample + bytes / bandwidth."""
+
+    __slots__ = ("stream", "fixed")
+
+    def __init__(self, stream: delays.DelayStream, fixed: float):
+        self.stream = stream
+        self.fixed = fixed
+
+    def next(self, now: float) -> float:
+        return self.stream.next(now) + self.fixed
+
+
+class Simulation:
+    """One run of the timing layer.
+
+    Args:
+        scenario: a validated :class:`Scenario`.
+        msg_bytes: bytes of one message (weights or gradient) when the links have a finite
+            bandwidth and give no ``bytes``; the engine passes 4 × the model's parameters.
+        on_update: ``on_update(version, grads)`` is called after the PS applies update
+            ``version``; ``grads`` are the pending-gradient tuples it took. Returning ``False``
+            stops the run at that update (the online driver does this on divergence).
+        track_reads: keep ``read_refs`` — how many outstanding gradients read each version —
+            so a driver can free parameter versions nobody will read again.
+    """
+
+    def __init__(self, scenario: Scenario, *, msg_bytes: int | None = None,
+                 on_update: OnUpdate | None = None, track_reads: bool = False):
+        self.scenario = scenario
+        self.seed = scenario.timing_seed
+        self.env = simpy.Environment()
+        c = scenario.cluster
+        self.learners = c.learners
+        self.proto: Protocol = get_protocol_class(scenario.protocol.kind)(
+            scenario.protocol, c.learners)
+        self.on_update = on_update
+        self.track_reads = track_reads
+        self.read_refs: dict[int, int] = {}
+        base_dir = scenario.base_dir  # relative paths (an empirical delay's CSV)
+
+        speed = c.speed or (1.0,) * c.learners
+        specs = c.compute if isinstance(c.compute, tuple) else (c.compute,) * c.learners
+        models: dict[int, delays.DelayModel] = {}
+        self.compute = []
+        for i in range(c.learners):
+            # One model object per distinct spec (specs may be shared by all learners).
+            key = id(specs[i])
+            if key not in models:
+                models[key] = delays.make_delay(specs[i], key="cluster.compute", base_dir=base_dir)
+            self.compute.append(delays.DelayStream(
+                models[key], stream_rng(self.seed, STREAM_COMPUTE, i), i, scale=1.0 / speed[i],
+                block=_BLOCK,
+                key=f"cluster.compute[{i}]" if isinstance(c.compute, tuple) else "cluster.compute"))
+        self.pull = [self._link(c.network.pull, "pull", STREAM_PULL, i, msg_bytes, base_dir)
+                     for i in range(c.learners)]
+        self.push = [self._link(c.network.push, "push", STREAM_PUSH, i, msg_bytes, base_dir)
+                     for i in range(c.learners)]
+        if c.ps_service is not None:
+            self.service = delays.DelayStream(
+                delays.make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir),
+                stream_rng(self.seed, STREAM_SERVICE, _PS), _PS, key="cluster.ps_service")
+            self.ps = simpy.Resource(self.env, capacity=1)
+        else:
+            self.service = None
+            self.ps = None
+
+        self.version = 0
+        self.n_applied = 0
+        self.stopped = False
+        self.stop_reason = ""
+        self._stop = self.env.event()
+        # Trace columns as typed ``array.array`` buffers (GRAD_COLUMNS / UPDATE_COLUMNS order),
+        # appended through bound methods. Not tuples per row: millions of small tuples make
+        # the cyclic garbage collector rescan them, which once made this 2x slower. Not lists
+        # of Python numbers either: converting 200k scattered float objects to numpy took a
+        # third of a trace-only run; a typed buffer becomes an ndarray with one memcpy.
+        self._gcols: list[array] = [_column(t) for t in GRAD_COLUMNS.values()]
+        self._ucols: list[array] = [_column(t) for t in UPDATE_COLUMNS.values()]
+        self._gapp = tuple(c.append for c in self._gcols)
+        self._uapp = tuple(c.append for c in self._ucols)
+        self._max_updates: int | None = None
+        self._max_gradients: int | None = None
+        self._progress = None
+
+    def _link(self, cfg, direction, stream, learner, msg_bytes, base_dir):
+        key = f"cluster.network.{direction}.latency"
+        model = delays.make_delay(cfg.latency, key=key, base_dir=base_dir)
+        nbytes = cfg.bytes if cfg.bytes is not None else (msg_bytes or 0)
+        fixed = 0.0 if math.isinf(cfg.bandwidth) else nbytes / cfg.bandwidth
+        if isinstance(model, delays.Constant) and getattr(model, "value", None) == 0.0:
+            return _Zero if fixed == 0.0 else _Const(fixed)
+        return _Link(delays.DelayStream(model, stream_rng(self.seed, stream, learner), learner,
+                                        block=_BLOCK, key=key),
+                     fixed)
+
+    # ------------------------------------------------------------------ hooks for protocols
+    def compute_time(self, learner: int) -> float:
+        return self.compute[learner].next(self.env.now)
+
+    def schedule_rng(self) -> np.random.Generator:
+        return stream_rng(self.seed, STREAM_SCHEDULE, _PS)
+
+    def normal_steps(self, learner: int):
+        """fixed-delay ``normal`` schedule: normal step times, mean 1, cv ``protocol.cv``."""
+        cv = self.scenario.protocol.cv
+        return delays.DelayStream(delays.make_delay({"dist": "normal", "mean": 1.0, "std": cv}),
+                                  stream_rng(self.seed, STREAM_SCHEDULE, learner), learner,
+                                  key="protocol.cv")
+
+    def note_pull(self, learner: int, version: int) -> None:
+        if self.track_reads:
+            self.read_refs[version] = self.read_refs.get(version, 0) + 1
+
+    def learner_loop(self, learner: int, compute: delays.DelayStream | None = None):
+        """The SimPy process of one learner: pull, compute, push, forever."""
+        env = self.env
+        proto = self.proto
+        # Protocols without a pull gate (async, softsync) skip the call on the hot path.
+        gate = proto.may_pull if type(proto).may_pull is not Protocol.may_pull else None
+        arrive = proto.on_arrival
+        timeout = env.timeout
+        comp = (compute or self.compute[learner]).next
+        pull = self.pull[learner]
+        push = self.push[learner]
+        ps = self.ps
+        track = self.track_reads
+        batch = 0
+        while True:
+            if gate is not None:
+                ev = gate(self, learner, batch)
+                if ev is not None:
+                    yield ev
+            if ps is not None:
+                with ps.request() as req:
+                    yield req
+                    yield timeout(self.service.next(env.now))
+            read = self.version
+            t_pull = env.now
+            if track:
+                self.read_refs[read] = self.read_refs.get(read, 0) + 1
+            if pull is not _Zero:
+                yield timeout(pull.next(t_pull))
+            yield timeout(comp(env.now))
+            t_push = env.now
+            if push is not _Zero:
+                yield timeout(push.next(t_push))
+            if ps is not None:
+                with ps.request() as req:
+                    yield req
+                    yield timeout(self.service.next(env.now))
+            arrive(self, (learner, batch, read, t_pull, t_push, env.now))
+            batch += 1
+
+    # ------------------------------------------------------------------ the PS update
+    def apply_update(self, grads: Iterable[tuple]) -> None:
+        """Record one update taking ``grads`` at the current version, then bump the version."""
+        if self.stopped:
+            return
+        v = self.version
+        now = self.env.now
+        cols = self._gcols
+        start = len(cols[0])
+        (a_learner, a_batch, a_read, a_apply, a_stale, a_pull, a_push, a_arrive,
+         a_tapply) = self._gapp
+        for learner, batch, read, t_pull, t_push, t_arrive in grads:
+            a_learner(learner)
+            a_batch(batch)
+            a_read(read)
+            a_apply(v)
+            a_stale(v - read)
+            a_pull(t_pull)
+            a_push(t_push)
+            a_arrive(t_arrive)
+            a_tapply(now)
+        n = len(cols[0]) - start
+        u = self._uapp
+        u[0](v)
+        u[1](now)
+        u[2](n)
+        u[3](start)
+        self.version = v + 1
+        self.n_applied += n
+        if self.track_reads:
+            refs = self.read_refs
+            for read in cols[2][start:]:
+                left = refs[read] - 1
+                if left:
+                    refs[read] = left
+                else:
+                    del refs[read]
+        if self.on_update is not None:
+            taken = list(zip(cols[0][start:], cols[1][start:], cols[2][start:], cols[4][start:],
+                             strict=True))
+            if self.on_update(v, taken) is False:
+                self._finish("stopped by the driver")
+                return
+        if self._progress is not None and not (self.version & 255):
+            self._progress.update(256)
+        if self._max_updates is not None and self.version >= self._max_updates:
+            self._finish("updates")
+        elif self._max_gradients is not None and self.n_applied >= self._max_gradients:
+            self._finish("gradients")
+
+    def _finish(self, reason: str) -> None:
+        self.stopped = True
+        self.stop_reason = reason
+        if not self._stop.triggered:
+            self._stop.succeed()
+
+    # ------------------------------------------------------------------ running
+    def run(self, *, max_updates: int | None = None, max_gradients: int | None = None,
+            max_time: float | None = None, progress: bool = False) -> Trace:
+        """Simulate until a limit is reached and return the trace.
+
+        With ``max_time`` the run ends at that simulated time; gradients still in flight or
+        waiting in a softsync/hardsync buffer then are not in the trace (never applied).
+        """
+        if max_updates is None and max_gradients is None and max_time is None:
+            raise ValueError("give max_updates, max_gradients or max_time")
+        self._max_updates = max_updates
+        self._max_gradients = max_gradients
+        if progress:
+            from tqdm.auto import tqdm
+
+            self._progress = tqdm(total=max_updates, unit="upd", mininterval=0.5,
+                                  leave=False, disable=None)
+        self.proto.start(self)
+        until: Any = self._stop
+        if max_time is not None:
+            timer = self.env.timeout(max_time)
+            timer.callbacks.append(lambda _: self._finish("sim_time"))
+        try:
+            self.env.run(until=until)
+        finally:
+            if self._progress is not None:
+                self._progress.close()
+        return self.trace()
+
+    def trace(self) -> Trace:
+        meta = {"stop_reason": self.stop_reason, "sim_time": float(self.env.now),
+                "learners": self.learners, "protocol": self.scenario.protocol.kind,
+                "seed": self.seed}
+        g = {k: _to_numpy(c) for k, c in zip(GRAD_COLUMNS, self._gcols, strict=True)}
+        u = {k: _to_numpy(c) for k, c in zip(UPDATE_COLUMNS, self._ucols, strict=True)}
+        return Trace.from_columns(g, u, meta)
+
+
+class _Const:
+    __slots__ = ("value",)
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def next(self, now: float) -> float:
+        return self.value
+
+
+def run_length(scenario: Scenario, *, n_train: int | None = None) -> dict[str, Any]:
+    """The Simulation.run limits for ``scenario.run`` (epochs need the train-set size)."""
+    r = scenario.run
+    if r.updates is not None:
+        return {"max_updates": r.updates}
+    if r.gradients is not None:
+        return {"max_gradients": r.gradients}
+    if r.sim_time is not None:
+        return {"max_time": r.sim_time}
+    if r.epochs is not None:
+        if n_train is None:
+            raise ValueError("run.epochs needs the data set's size")
+        return {"max_gradients": math.ceil(r.epochs * n_train / scenario.data.batch_size)}
+    return {"max_updates": 100}
+
+
+def _column(dtype) -> array:
+    """An empty typed buffer for a trace column: float64 or int64 (narrowed in Trace)."""
+    return array("d" if np.issubdtype(dtype, np.floating) else "q")
+
+
+def _to_numpy(col: array) -> np.ndarray:
+    """A copy of a typed column (a copy, so the simulation may keep appending to it)."""
+    return np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64).copy()

@@ -1,0 +1,325 @@
+"""Parameter-server protocols: when an update happens and which gradients it takes.
+
+A protocol sees only timing (which learner pushed what, when) — never gradient values — so
+it runs unchanged in trace-only, online and real (Ray) runs. Built-ins (P1, P2, Ho et al.):
+
+``hardsync``
+    The PS waits for one gradient from every learner, averages them and updates; learners
+    wait for the new version before pulling (a barrier). τ ≡ 0; SGD with batch μλ.
+``softsync`` (``n``)
+    P1's n-softsync: the PS updates after any c = ⌊λ/n⌋ gradients arrive (a fast learner may
+    contribute twice); no barrier. n = 1 is close to synchronous, n = λ is async.
+``async``
+    One update per gradient (= λ-softsync), Downpour-style.
+``fixed-delay`` (``tau``, ``schedule``)
+    P2's simulation of delay with N = τ+1 workers on one device: each step one worker applies
+    the gradient it computed on the copy it last pulled, then pulls the new version.
+    ``round-robin`` gives staleness exactly τ after the first τ updates; ``random`` picks a
+    uniformly random worker each step (geometric staleness); ``normal`` lets the workers race
+    with normal step times (mean 1, coefficient of variation ``cv``), which concentrates the
+    delays near N − 1.
+``ssp`` (``s``)
+    Stale synchronous parallel (Ho et al., NIPS 2013): each gradient is applied on arrival,
+    but a learner whose clock (its number of pushed gradients) leads the slowest learner's by
+    more than ``s`` waits before pulling. The bound is on clocks, as SSP defines it; the PS
+    staleness of a gradient is not bounded by s (it still grows with λ).
+
+Plug-ins: subclass :class:`Protocol`, decorate with :func:`register_protocol` or expose it
+through the entry-point group ``asyncsim.protocols``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+from asyncsim._registry import PluginRegistry
+from asyncsim.config import ProtocolConfig
+from asyncsim.errors import ScenarioError, did_you_mean
+
+if TYPE_CHECKING:  # pragma: no cover
+    from asyncsim.timing.cluster import Simulation
+
+
+def _adapt(obj: object, name: str) -> type[Protocol]:
+    if not (isinstance(obj, type) and issubclass(obj, Protocol)):
+        raise TypeError(f"a protocol must be a subclass of asyncsim.protocols.Protocol, "
+                        f"got {obj!r}")
+    obj.name = name
+    return obj
+
+
+_registry: PluginRegistry[type[Protocol]] = PluginRegistry(
+    "asyncsim.protocols", "protocol", "protocol.kind", adapt=_adapt)
+
+
+def register_protocol(name: str) -> Callable[[type[Protocol]], type[Protocol]]:
+    """Class decorator: make a :class:`Protocol` usable as ``protocol.kind = name``.
+
+    Installed packages can also expose a Protocol subclass under the entry-point group
+    ``asyncsim.protocols`` (docs/plugins.md); a name registered here wins over it.
+    """
+
+    def deco(cls: type[Protocol]) -> type[Protocol]:
+        cls.name = name
+        _registry.direct[name] = cls
+        return cls
+
+    return deco
+
+
+def available_protocols() -> list[str]:
+    """Names of all protocols: built-ins, registered classes and entry points, sorted."""
+    return _registry.names()
+
+
+def get_protocol_class(kind: str) -> type[Protocol]:
+    """The protocol class of ``protocol.kind``; ScenarioError for an unknown name."""
+    return _registry.get(kind)
+
+
+class Protocol:
+    """Base class. The simulation calls the hooks; a protocol calls ``sim.apply_update``.
+
+    A pending gradient is a tuple ``(learner, batch, read_version, t_pull, t_push, t_arrive)``.
+    """
+
+    name: ClassVar[str] = "base"
+    # The parameters this protocol reads from [protocol]; others given in a file are errors.
+    params: ClassVar[tuple[str, ...]] = ()
+    required: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: ProtocolConfig, learners: int):
+        self.cfg = cfg
+        self.learners = learners
+
+    @classmethod
+    def check(cls, cfg: ProtocolConfig, learners: int) -> None:
+        """Raise ScenarioError for parameters that do not fit this protocol or the cluster."""
+        for p in ("n", "tau", "s"):
+            if getattr(cfg, p) is not None and p not in cls.params:
+                raise ScenarioError(f"protocol.{p}", f"is not a parameter of {cls.name!r}; "
+                                    f"it takes: {', '.join(cls.params) or 'no parameters'}")
+        for p in cls.required:
+            if getattr(cfg, p) is None:
+                raise ScenarioError(f"protocol.{p}", f"{cls.name!r} needs {p}")
+
+    def updates_per_gradient(self) -> float:
+        """Expected updates per gradient (used to convert run lengths and epochs)."""
+        return 1.0
+
+    def start(self, sim: Simulation) -> None:
+        """Start the SimPy processes. Default: every learner runs the pull/compute/push loop."""
+        for learner in range(self.learners):
+            sim.env.process(sim.learner_loop(learner))
+
+    def may_pull(self, sim: Simulation, learner: int, batch: int):
+        """An event to wait for before learner's ``batch``-th pull, or None to go ahead."""
+        return None
+
+    def on_arrival(self, sim: Simulation, grad: tuple) -> None:
+        """A gradient reached the PS; call ``sim.apply_update([...])`` when an update is due."""
+        raise NotImplementedError
+
+    def on_lost(self, sim: Simulation, learner: int) -> bool:
+        """Real runs only: ``learner`` died and its in-flight gradient is lost.
+
+        Return True if the protocol goes on without that learner until :meth:`on_back` (the
+        PS then calls ``on_back`` once the restarted actor answers, and lets it pull through
+        :meth:`may_pull` again), False (default) if it still expects the gradient (the PS
+        re-sends the same batch to the restarting actor at once).
+        """
+        return False
+
+    def on_back(self, sim: Simulation, learner: int) -> None:
+        """Real runs only: ``learner``, lost (``on_lost`` returned True), was restarted."""
+
+
+@register_protocol("async")
+class Async(Protocol):
+    def on_arrival(self, sim, grad):
+        sim.apply_update((grad,))
+
+
+@register_protocol("softsync")
+class Softsync(Protocol):
+    params = ("n",)
+    required = ("n",)
+
+    def __init__(self, cfg, learners):
+        super().__init__(cfg, learners)
+        self.c = learners // cfg.n  # P1: c = floor(lambda / n)
+        self.buffer: list[tuple] = []
+
+    @classmethod
+    def check(cls, cfg, learners):
+        super().check(cfg, learners)
+        if not 1 <= cfg.n <= learners:
+            raise ScenarioError("protocol.n", f"must be an integer in 1..{learners} "
+                                f"(cluster.learners), got {cfg.n}")
+
+    def updates_per_gradient(self):
+        return 1.0 / self.c
+
+    def on_arrival(self, sim, grad):
+        buf = self.buffer
+        buf.append(grad)
+        if len(buf) == self.c:
+            self.buffer = []
+            sim.apply_update(buf)
+
+
+@register_protocol("hardsync")
+class Hardsync(Protocol):
+    def __init__(self, cfg, learners):
+        super().__init__(cfg, learners)
+        self.buffer: list[tuple] = []
+        self.barrier = None  # the event "the PS broadcast a new version"
+        # Real runs (on_lost/on_back): learners that are dead or restarting (rounds go on
+        # without them), those of them restarted (they rejoin at the next round), and per
+        # learner the rounds it sat out (its round is batch + missed). Empty/0 in simulations.
+        self.away: set[int] = set()
+        self.back: set[int] = set()
+        self.missed = [0] * learners
+
+    def updates_per_gradient(self):
+        return 1.0 / self.learners
+
+    def may_pull(self, sim, learner, batch):
+        # A learner's batch-th pull needs the version produced by the (batch-1)-th round
+        # (counting the rounds it sat out); a learner that is away joins the next round.
+        if learner in self.away or sim.version < batch + self.missed[learner]:
+            if self.barrier is None:
+                self.barrier = sim.env.event()
+            return self.barrier
+        return None
+
+    def on_arrival(self, sim, grad):
+        self.buffer.append(grad)
+        self._complete(sim)
+
+    def on_lost(self, sim, learner):
+        """A learner died mid-round (real runs): this round and the next ones complete with
+        the live learners' gradients until it is back (:meth:`on_back`); it then rejoins at
+        the next round. A round keeps at least one learner: if ``learner`` is the last one,
+        the round waits for its restart (returns False)."""
+        if learner in self.away or self.learners - len(self.away) <= 1:
+            return False
+        self.away.add(learner)
+        if self.buffer:
+            self._complete(sim)
+        return True
+
+    def on_back(self, sim, learner):
+        if learner in self.away:
+            self.back.add(learner)
+
+    def _complete(self, sim):
+        if len(self.buffer) == self.learners - len(self.away):
+            buf, self.buffer = self.buffer, []
+            for k in self.away:
+                self.missed[k] += 1
+            self.away -= self.back
+            self.back.clear()
+            sim.apply_update(buf)
+            if self.barrier is not None:
+                barrier, self.barrier = self.barrier, None
+                barrier.succeed()
+
+
+@register_protocol("ssp")
+class SSP(Protocol):
+    params = ("s",)
+    required = ("s",)
+
+    def __init__(self, cfg, learners):
+        super().__init__(cfg, learners)
+        self.s = cfg.s
+        self.clock = [0] * learners  # gradients pushed (arrived) per learner
+        self.at = {0: learners}  # how many learners sit at each clock value
+        self.min_clock = 0
+        self.waiting: dict[int, list] = {}  # min clock needed -> events
+
+    @classmethod
+    def check(cls, cfg, learners):
+        super().check(cfg, learners)
+        if cfg.s < 0:
+            raise ScenarioError("protocol.s", f"must be an integer >= 0, got {cfg.s}")
+
+    def may_pull(self, sim, learner, batch):
+        need = batch - self.s  # the slowest learner must have pushed >= batch - s gradients
+        if self.min_clock >= need:
+            return None
+        ev = sim.env.event()
+        self.waiting.setdefault(need, []).append(ev)
+        return ev
+
+    def on_arrival(self, sim, grad):
+        learner = grad[0]
+        c = self.clock[learner]
+        self.clock[learner] = c + 1
+        self.at[c] -= 1
+        self.at[c + 1] = self.at.get(c + 1, 0) + 1
+        sim.apply_update((grad,))
+        if c == self.min_clock and self.at[c] == 0:
+            del self.at[c]
+            self.min_clock = min(self.at)
+            ready = [k for k in self.waiting if k <= self.min_clock]
+            for k in sorted(ready):
+                for ev in self.waiting.pop(k):
+                    ev.succeed()
+
+
+@register_protocol("fixed-delay")
+class FixedDelay(Protocol):
+    params = ("tau",)
+    required = ("tau",)
+    SCHEDULES = ("round-robin", "random", "normal")
+
+    @classmethod
+    def check(cls, cfg, learners):
+        super().check(cfg, learners)
+        if cfg.tau < 0:
+            raise ScenarioError("protocol.tau", f"must be an integer >= 0, got {cfg.tau}")
+        if learners != cfg.tau + 1:
+            raise ScenarioError("cluster.learners", f"fixed-delay runs tau + 1 = {cfg.tau + 1} "
+                                f"workers; leave cluster.learners out or set it to {cfg.tau + 1}")
+        if cfg.schedule not in cls.SCHEDULES:
+            raise ScenarioError("protocol.schedule", f"unknown schedule {cfg.schedule!r}; "
+                                f"allowed: {', '.join(cls.SCHEDULES)}"
+                                f"{did_you_mean(cfg.schedule, cls.SCHEDULES)}")
+        if not cfg.cv >= 0:
+            raise ScenarioError("protocol.cv", f"must be >= 0, got {cfg.cv}")
+
+    def start(self, sim):
+        if self.cfg.schedule == "normal":
+            # A race of workers with normal step times: plain async timing.
+            for learner in range(self.learners):
+                sim.env.process(sim.learner_loop(learner, compute=sim.normal_steps(learner)))
+        else:
+            sim.env.process(self._serial(sim))
+
+    def on_arrival(self, sim, grad):
+        sim.apply_update((grad,))
+
+    def _serial(self, sim):
+        """P2's one-device simulation: one worker steps at a time (round robin or random)."""
+        n = self.learners
+        env = sim.env
+        reads = [0] * n
+        pulled = [0.0] * n
+        batches = [0] * n
+        for k in range(n):
+            sim.note_pull(k, 0)
+        rng = sim.schedule_rng()
+        step = 0
+        while True:
+            k = step % n if self.cfg.schedule == "round-robin" else int(rng.integers(n))
+            yield env.timeout(sim.compute_time(k))
+            now = env.now
+            sim.apply_update(((k, batches[k], reads[k], pulled[k], now, now),))
+            batches[k] += 1
+            reads[k] = sim.version
+            pulled[k] = now
+            sim.note_pull(k, sim.version)
+            step += 1
