@@ -130,25 +130,32 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
     ``asyncsim trace``, which has no parameters), ``matches_source`` (the two
     ``param_hash`` values are equal: bit-identical parameters) and ``max_abs_diff_to_source``
     (the largest absolute difference over all parameters; None when the source has no
-    ``params.npz`` of the same structure, e.g. after ``--set model.*``, or when either
-    side's parameters are not finite, i.e. a diverged run).
+    ``params.npz`` of the same structure, e.g. after ``--set model.*``, or when either side
+    diverged: a diverged run stops at its own update, so no distance between the two means
+    anything).
     """
     run_dir = Path(run_dir)
-    src_hash = runs.read_summary(run_dir).get("param_hash") if runs.is_complete(run_dir) else None
+    source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
+    src_hash = source.get("param_hash")
     if src_hash is None:
         return {"source_param_hash": None, "matches_source": None,
                 "max_abs_diff_to_source": None}
-    try:
-        src = load_params(run_dir, result.params)
-        diffs = jax.tree_util.tree_map(
-            lambda a, b: float(np.max(np.abs(np.asarray(a, np.float64)
-                                             - np.asarray(b, np.float64)), initial=0.0)),
-            result.params, src)
-        diff = max(jax.tree_util.tree_leaves(diffs), default=0.0)
-        if not np.isfinite(diff):  # a diverged source (or replay): no meaningful distance
-            diff = None
-    except (OSError, KeyError, ValueError, TypeError):
-        diff = None
+    diverged = source.get("diverged") or result.summary.get("diverged")
+    diff = None if diverged else _max_abs_diff(run_dir, result.params)
     return {"source_param_hash": src_hash,
             "matches_source": src_hash == result.summary.get("param_hash"),
             "max_abs_diff_to_source": diff}
+
+
+def _max_abs_diff(run_dir: Path, params) -> float | None:
+    """The largest |difference| between ``params`` and the run folder's ``params.npz``; None
+    when the folder's parameters do not have the same structure."""
+    try:
+        src = load_params(run_dir, params)
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+    diffs = jax.tree_util.tree_map(
+        lambda a, b: float(np.max(np.abs(np.asarray(a, np.float64)
+                                         - np.asarray(b, np.float64)), initial=0.0)),
+        params, src)
+    return max(jax.tree_util.tree_leaves(diffs), default=0.0)

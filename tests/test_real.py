@@ -7,6 +7,7 @@ each actor process starts and compiles the tiny model's gradient once.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,7 @@ from asyncsim.timing.delays import DelayModel, register_delay  # noqa: E402
 from asyncsim.trace import Trace  # noqa: E402
 
 pytestmark = pytest.mark.ray
+REPO = Path(__file__).resolve().parent.parent
 
 TINY_DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
 TINY_MODEL = {"name": "mlp", "hidden": [16]}
@@ -111,6 +113,30 @@ def test_replay_of_real_run_is_bit_identical(async_run, tmp_path):
     res = replay_folder(out, out=tmp_path / "replay")
     assert res.summary["param_hash"] == s["param_hash"]
     assert res.summary["trace_hash"] == s["trace_hash"]
+
+
+def test_real_cifar10_full_replays_bit_for_bit(cluster, tmp_path):
+    """The PS applies each update with the update program online runs and replays use
+    (Numerics.apply_given): P1's network replays bit for bit, not only a tiny MLP (a
+    separately compiled apply had differed by 3e-8 here)."""
+    scn = load_scenario(REPO / "scenarios" / "quickstart.toml", profile="smoke",
+                        overrides=["cluster.learners=2", 'protocol={kind="async"}',
+                                   "run={updates=12, eval_every=0}"])
+    s = real_run(scn, out=tmp_path / "real", cluster=cluster)
+    res = replay_folder(tmp_path / "real", out=tmp_path / "replay")
+    assert res.summary["param_hash"] == s["param_hash"] and res.summary["matches_source"]
+
+
+def test_a_diverging_real_run_stops_where_its_replay_stops(cluster, tmp_path):
+    """The one Driver on Ray too: the PS stops at the diverged update (rolled back if it
+    was found late), and the replay of its trace stops there."""
+    s = real_run(tiny(optimizer={"lr": 3.0}, run={"updates": 60, "eval_every": 20}),
+                 out=tmp_path / "real", cluster=cluster)
+    assert s["diverged"] and s["updates"] == s["diverged_at"] + 1
+    assert s["stop_reason"] == "diverged"
+    res = replay_folder(tmp_path / "real", out=tmp_path / "replay")
+    for k in ("diverged_at", "updates", "stop_reason", "param_hash"):
+        assert res.summary[k] == s[k], k
 
 
 def test_real_softsync_hardsync_ssp(cluster, tmp_path):

@@ -103,7 +103,7 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     diverged = [who for who, s in (("source run", runs.read_summary(run_dir)), ("replay", summary))
                 if s.get("diverged")]
     if diverged:
-        line += f" (the {' and the '.join(diverged)} diverged: non-finite parameters)"
+        line += f" (the {' and the '.join(diverged)} diverged: see diverged_at)"
     if set_by_user:
         return line + " (--set changed the numerics)"
     if summary.get("replay_path") == "scan":

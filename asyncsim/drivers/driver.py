@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
@@ -34,17 +36,21 @@ from asyncsim._io import atomic
 from asyncsim.config import Scenario
 from asyncsim.numerics.core import CoreState, param_hash
 from asyncsim.numerics.models import num_params
-from asyncsim.numerics.numerics import EvalRecord, Numerics, build_model
+from asyncsim.numerics.numerics import EvalRecord, Numerics, Row, build_model
 from asyncsim.timing.protocols import get_protocol_class
 from asyncsim.trace import Trace
 
-CHECK_EVERY = 16
+CHECK_EVERY = 16  # updates between fetches of the batch losses (the divergence check)
+# The rollback window of a divergence check holds at most this many bytes of core states.
+WINDOW_BYTES = 256 << 20
 CKPT = "checkpoint.npz"
 # With run.checkpoint_every = 0, a run folder still gets a checkpoint once this many seconds
 # of wall time have passed since the last one, so a long run killed at any moment loses at
 # most about a minute of work.
 AUTO_CHECKPOINT_SECONDS = 60.0
 DIVERGED_FACTOR = 1e6
+
+Observe = Callable[[int, CoreState], None]  # observe(version, state)
 
 
 @dataclass
@@ -81,33 +87,22 @@ def message_bytes(scn: Scenario) -> int | None:
 
 
 class Recorder:
-    """Per-update losses (fetched in bulk) and evaluation records."""
+    """A run's batch losses (per update, fetched from the device in bulk) and evaluations."""
 
     def __init__(self):
-        self.pending: list[jax.Array] = []
-        self.pending_base = 0
-        self.losses: list[np.ndarray] = []  # per update: the batch losses
+        self.pending: list[jax.Array] = []  # losses of updates not fetched yet
+        self.losses: list[np.ndarray] = []  # per update: the batch losses, fetched
         self.evals: list[EvalRecord] = []
-        self.first_loss: float | None = None
 
-    def flush(self) -> int | None:
-        """Fetch pending losses; return the first diverged update's version, if any.
+    def flush(self) -> None:
+        """Fetch the pending losses."""
+        if self.pending:
+            self.losses.extend(np.asarray(x) for x in jax.device_get(self.pending))
+            self.pending = []
 
-        Diverged: a non-finite batch loss, or one above ``DIVERGED_FACTOR`` times the first
-        update's (a run whose loss grew a million-fold has left every minimum, even while
-        its numbers are still finite).
-        """
-        if not self.pending:
-            return None
-        fetched = [np.asarray(x) for x in jax.device_get(self.pending)]
-        if self.first_loss is None:
-            first = self.losses[0] if self.losses else fetched[0]
-            self.first_loss = float(np.mean(np.abs(first)))
-        bad = first_diverged(fetched, self.pending_base, self.first_loss)
-        self.losses.extend(fetched)
-        self.pending_base += len(self.pending)
-        self.pending = []
-        return bad
+    def first_loss(self) -> float:
+        """The reference of the divergence rule: the mean |batch loss| of the first update."""
+        return float(np.mean(np.abs(self.losses[0]))) if self.losses else math.nan
 
 
 def first_diverged(losses: list[np.ndarray], base: int, first_loss: float) -> int | None:
@@ -123,12 +118,15 @@ def first_diverged(losses: list[np.ndarray], base: int, first_loss: float) -> in
     return None if hit.size == 0 else base + int(owner[hit[0]])
 
 
-def first_bad(losses: list[np.ndarray]) -> int | None:
-    """:func:`first_diverged` of a whole run's batch losses (the first update's loss is the
-    reference)."""
-    if not losses:
-        return None
-    return first_diverged(losses, 0, float(np.mean(np.abs(losses[0]))))
+@jax.jit
+def _all_finite(params) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                              for x in jax.tree_util.tree_leaves(params)]))
+
+
+def params_finite(params) -> bool:
+    """Whether every parameter is finite (one compiled reduction)."""
+    return bool(_all_finite(params))
 
 
 def update_means(losses: list[np.ndarray]) -> np.ndarray:
@@ -190,24 +188,37 @@ def load_checkpoint(folder: Path, template_state: CoreState, template_params):
     for n in meta["losses_len"]:
         rec.losses.append(flat[pos:pos + n])
         pos += n
-    rec.pending_base = len(rec.losses)
     rec.evals = [EvalRecord(**e) for e in meta["evals"]]
     return meta["version"], state, versions, rec, meta["extra"]
 
 
 class Driver:
-    """Executes updates from their timing rows: shared by the online and replay drivers.
+    """The one driver of a run's numerics, whatever executes its updates.
 
-    Keeps the core state, the parameter versions still to be read, the batch losses and
-    the evaluations; checks divergence every ``CHECK_EVERY`` updates; evaluates every
-    ``run.eval_every`` updates and checkpoints every ``run.checkpoint_every``.
+    Online runs, loop replays and the real PS hand it each update (:meth:`on_update`, or
+    :meth:`applied` with gradients applied elsewhere); the compiled-chunk and vmapped
+    executors hand it each chunk's losses and the state at its end (:meth:`chunk_applied`).
+    It owns the core state, the parameter versions later gradients read, the batch losses,
+    the evaluations (every ``run.eval_every`` updates and at the end), the observations
+    (``observe(version, state)`` every ``observe_every`` updates), the checkpoints (every
+    ``run.checkpoint_every`` updates, or once a minute) and the stop.
+
+    Divergence, the same for every path: update ``v`` diverged if its batch losses are not
+    all finite or one exceeds ``DIVERGED_FACTOR`` times the first update's mean |loss|, if
+    the parameters it produced are not all finite, or if the evaluation right after it
+    (version ``v + 1``) has a test loss that is not finite or exceeds ``DIVERGED_FACTOR``
+    times the first evaluation's. The run stops there: update ``v`` is the last one applied
+    (``diverged_at = v``, ``updates = v + 1``, ``stop_reason = "diverged"``). Losses are
+    fetched from the device every ``check_every`` updates rather than after each one (a
+    sync per update would cost the small models a third of their speed); the states of the
+    updates in between are kept, so a divergence found late rolls back to the exact update.
     """
 
     def __init__(self, scn: Scenario, num: Numerics, *, folder: Path | None = None,
-                 start: tuple | None = None, hyper: dict[str, float] | None = None):
-        self.scn = scn
-        self.num = num
-        self.folder = folder
+                 start: tuple | None = None, hyper: dict[str, float] | None = None,
+                 versions: bool = True, observe: Observe | None = None,
+                 observe_every: int = 0, evaluate: bool = True, checkpoints: bool = True):
+        self.scn, self.num, self.folder = scn, num, folder
         if start is not None:
             self.start_version, self.state, self.versions, self.rec, extra = start
             self.grads_applied = int(extra.get("grads_applied", 0))
@@ -217,73 +228,191 @@ class Driver:
             self.versions = {0: self.state.params}
             self.rec = Recorder()
             self.grads_applied = 0
+        if not versions:
+            self.versions = None  # the real PS: learners keep the versions they read
         self.diverged_at: int | None = None
+        self.stopped_at: int | None = None  # updates applied when the run stopped on divergence
         self.now = 0.0
+        self.observe, self.observe_every = observe, observe_every
+        # Replays keep no checkpoints: they are redone, not resumed (runs._REDO).
+        self.checkpoints = checkpoints and folder is not None
+        self._window: list[CoreState] = []  # states after the unchecked updates (rollback)
+        self._state_at: Callable[[int], CoreState] | None = None  # or a chunk's recomputation
+        self._checked = len(self.rec.losses)  # updates the divergence rule has seen
+        state_bytes = sum(int(np.prod(np.shape(x))) * 4
+                          for x in jax.tree_util.tree_leaves(self.state))
+        # Keep at most ~WINDOW_BYTES of states for rollback: a model too big for 16 states
+        # fetches its losses after every update instead (its gradients dwarf the sync).
+        self.check_every = max(1, min(CHECK_EVERY, WINDOW_BYTES // max(state_bytes, 1)))
         self._last_ckpt = time.monotonic()
         self.pbar = None
-        if self.start_version == 0 and not self.rec.evals:
-            loss, err = num.evaluate(self.state.params, samples=scn.run.eval_samples)
-            self.rec.evals.append(EvalRecord(0, 0, 0.0, 0.0, float("nan"), loss, err))
+        if evaluate and self.start_version == 0 and not self.rec.evals:
+            self.evaluate(0)
+        self._observed = -1
+        if observe is not None and self.start_version == 0:
+            self._observe(0)
 
-    def evaluate(self, version: int) -> None:
-        bad = self.rec.flush()
-        if bad is not None and self.diverged_at is None:
-            self.diverged_at = bad
+    # ------------------------------------------------------------------ feeding updates
+    def on_update(self, v: int, rows: Sequence[Row], *, alive, now: float) -> bool | None:
+        """Execute update ``v`` from its timing rows (loop executors: online, replay); ``alive``
+        holds the versions later gradients still read. Returns False to stop the run."""
+        if v < self.start_version:  # numerics restored from the checkpoint
+            self.grads_applied += len(rows)
+            return None
+        state, losses = self.num.update(self.state, self.versions, v, rows)
+        return self.applied(v, len(rows), state, losses, alive=alive, now=now)
+
+    def applied(self, v: int, n_grads: int, state: CoreState, losses, *, now: float,
+                alive=None) -> bool | None:
+        """Update ``v`` of ``n_grads`` gradients was applied, giving ``state`` and its batch
+        ``losses``: record, check, evaluate, observe, checkpoint. False: stop the run."""
+        self.grads_applied += n_grads
+        self.now = now
+        self.state = state
+        if self.versions is not None:
+            versions = self.versions
+            versions[v + 1] = state.params
+            for k in [k for k in versions if k != v + 1 and alive is not None and k not in alive]:
+                del versions[k]
+        self.rec.pending.append(losses)
+        self._window.append(state)
+        if self.pbar is not None:
+            self.pbar.update(1)
+        return self._after(v + 1)
+
+    def chunk_applied(self, end: int, state: CoreState, losses: np.ndarray, grads: int, *,
+                      now: float, state_at: Callable[[int], CoreState],
+                      evaluation: tuple[float, float] | None = None) -> bool | None:
+        """A chunk of updates (a compiled chunk, or a vmapped executor's stretch of updates)
+        ended at version ``end``: ``losses`` are the batch losses of its updates ([updates,
+        c], fetched), ``state`` the state after it, ``grads`` the gradients applied in all;
+        ``state_at(v)`` gives (or recomputes) the state after any update ``v`` of the chunk,
+        so a divergence inside it rolls back there; ``evaluation`` is the (test loss, test
+        error) at ``end`` when an evaluation is due and was computed elsewhere (vmapped).
+        False: stop the run."""
+        self.rec.losses.extend(np.asarray(x) for x in losses)
+        self.grads_applied, self.now, self.state = grads, now, state
+        self._state_at = state_at
+        return self._after(end, chunk=True, evaluation=evaluation)
+
+    def _after(self, done: int, *, chunk: bool = False,
+               evaluation: tuple[float, float] | None = None) -> bool | None:
+        """What follows update ``done - 1``: the checks, evaluations, observations and
+        checkpoints that are due."""
         r = self.scn.run
-        test_loss, test_err = self.num.evaluate(self.state.params, samples=r.eval_samples)
-        recent = self.rec.losses[-max(r.eval_every, 1):]
-        train_loss = float(np.mean(np.concatenate(recent))) if recent else float("nan")
+        eval_due = bool(r.eval_every) and done % r.eval_every == 0
+        obs_due = self.observe is not None and bool(self.observe_every) and (
+            done % self.observe_every == 0)
+        ckpt_due = self.checkpoints and (
+            done % r.checkpoint_every == 0 if r.checkpoint_every
+            else time.monotonic() - self._last_ckpt > AUTO_CHECKPOINT_SECONDS)
+        if (chunk or eval_due or obs_due or ckpt_due
+                or len(self.rec.pending) >= self.check_every) and self.check() is False:
+            return False
+        if eval_due:
+            self.evaluate(done, evaluation)
+            if self.diverged_at is not None:
+                return False
+        if obs_due:
+            self._observe(done)
+        if ckpt_due:
+            save_checkpoint(self.folder, done, self.state, self.versions or {}, self.rec,
+                            self.checkpoint_extra(done))
+            self._last_ckpt = time.monotonic()
+        return None
+
+    # ------------------------------------------------------------------ divergence
+    def check(self) -> bool | None:
+        """Fetch the pending losses and apply the divergence rule to the updates since the last
+        check; on divergence the state rolls back to the diverged update. False: diverged."""
+        if self.diverged_at is not None:
+            return False
+        first, window, state_at = self._checked, self._window, self._state_at
+        self._window, self._state_at = [], None
+        self.rec.flush()
+        end = self._checked = len(self.rec.losses)
+        if end == first:
+            return None
+        if state_at is None:
+            def state_at(v: int) -> CoreState:
+                return window[v - first]
+        bad = first_diverged(self.rec.losses[first:], first, self.rec.first_loss())
+        if not params_finite(self.state.params):
+            # The first update whose parameters are not finite (non-finite numbers stay so).
+            lo, hi = first, end - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if not params_finite(state_at(mid).params) else (mid + 1, hi)
+            bad = lo if bad is None else min(bad, lo)
+        if bad is None:
+            return None
+        self._diverge(bad, state_at(bad))
+        return False
+
+    def _diverge(self, v: int, state: CoreState) -> None:
+        """Stop at update ``v``: it is the last one applied."""
+        self.diverged_at, self.stopped_at, self.state = v, v + 1, state
+        del self.rec.losses[v + 1:]
+        self.rec.evals = [e for e in self.rec.evals if e.version <= v + 1]
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, version: int, result: tuple[float, float] | None = None) -> None:
+        """Record the evaluation at ``version`` (``result``: its (test loss, test error)
+        computed elsewhere, e.g. by a vmapped program; default: evaluated here). A test
+        loss that is not finite, or ``DIVERGED_FACTOR`` times the first evaluation's, stops
+        the run: the update before it diverged."""
+        r = self.scn.run
+        if result is None:
+            result = self.num.evaluate(self.state.params, samples=r.eval_samples)
+        test_loss, test_err = (float(x) for x in result)
+        recent = self.rec.losses[max(version - max(r.eval_every, 1), 0):version]
+        train_loss = float(np.mean(np.concatenate(recent))) if recent else math.nan
         g = self.grads_applied
         self.rec.evals.append(EvalRecord(version=version, gradients=g, sim_time=self.now,
                                          epoch=self.num.epoch_of(g), train_loss=train_loss,
                                          test_loss=test_loss, test_error=test_err))
+        first = self.rec.evals[0].test_loss
+        limit = DIVERGED_FACTOR * abs(first) if math.isfinite(first) else math.inf
+        if (version > 0 and self.diverged_at is None
+                and not (math.isfinite(test_loss) and test_loss <= limit)):
+            self._diverge(version - 1, self.state)
 
-    def on_update(self, v: int, rows, *, alive, now: float) -> bool | None:
-        """Apply update ``v``; ``alive`` holds the versions later gradients will still read.
+    def _observe(self, version: int) -> None:
+        self.observe(version, self.state)
+        self._observed = version
 
-        Returns False to stop the run (divergence).
-        """
-        self.grads_applied += len(rows)
-        self.now = now
-        if v < self.start_version:
-            return None  # numerics restored from the checkpoint
-        st, losses = self.num.update(self.state, self.versions, v, rows)
-        self.state = st
-        versions = self.versions
-        versions[v + 1] = st.params
-        for k in [k for k in versions if k != v + 1 and k not in alive]:
-            del versions[k]
-        rec = self.rec
-        rec.pending.append(losses)
+    def show_progress(self, total: int | None) -> None:
+        """A progress bar of updates (closed by :meth:`finish`)."""
+        from tqdm.auto import tqdm  # tqdm's import is slow; only runs that show a bar pay it
+
+        self.pbar = tqdm(total=total, initial=self.start_version, unit="upd", mininterval=0.5,
+                         leave=False, disable=None)
+
+    def close_progress(self) -> None:
         if self.pbar is not None:
-            self.pbar.update(1)
-        done = v + 1
-        if len(rec.pending) >= CHECK_EVERY:
-            bad = rec.flush()
-            if bad is not None:
-                self.diverged_at = bad
-                return False
-        r = self.scn.run
-        if r.eval_every and done % r.eval_every == 0:
-            self.evaluate(done)
-            if self.diverged_at is not None:
-                return False
-        if self.folder is not None and (
-                done % r.checkpoint_every == 0 if r.checkpoint_every
-                else time.monotonic() - self._last_ckpt > AUTO_CHECKPOINT_SECONDS):
-            rec.flush()
-            save_checkpoint(self.folder, done, self.state, versions, rec,
-                            {"grads_applied": self.grads_applied})
-            self._last_ckpt = time.monotonic()
-        return None
+            self.pbar.close()
+            self.pbar = None
 
-    def finish(self, trace: Trace, t0: float, *, kind: str = "run") -> RunResult:
-        """Final evaluation, summary and (with a folder) every output file, summary last."""
-        bad = self.rec.flush()
-        if bad is not None and self.diverged_at is None:
-            self.diverged_at = bad
+    def checkpoint_extra(self, done: int) -> dict[str, Any]:
+        """What a checkpoint keeps beside the numerics (the real PS adds its trace)."""
+        return {"grads_applied": self.grads_applied}
+
+    # ------------------------------------------------------------------ the end
+    def finish(self, trace: Trace, t0: float, *, kind: str = "run",
+               extra: dict[str, Any] | None = None) -> RunResult:
+        """Final check and evaluation, summary (plus ``extra`` fields) and, with a folder,
+        every output file, ``summary.json`` last. A diverged run's trace ends at its last
+        applied update."""
+        self.check()
+        self.close_progress()
+        if self.stopped_at is not None:
+            trace = trace.truncate(self.stopped_at)
         if self.rec.evals[-1].version != trace.num_updates:
-            self.evaluate(trace.num_updates)
+            self.evaluate(trace.num_updates)  # the final parameters (a diverged run's too)
+        if self.stopped_at is not None:  # the final evaluation may find it too
+            trace = trace.truncate(self.stopped_at, stop_reason="diverged")
+        if self.observe is not None and self._observed != trace.num_updates:
+            self._observe(trace.num_updates)
         num, rec, final = self.num, self.rec, self.state
         evals = pd.DataFrame([e.__dict__ for e in rec.evals])
         upd = trace.updates_df()
@@ -305,6 +434,7 @@ class Driver:
             "stop_reason": trace.meta.get("stop_reason"),
             "grouping": num.grouping,
             "backend": jax.default_backend(),
+            **(extra or {}),
         }
         folder = self.folder
         if folder is not None:

@@ -60,15 +60,11 @@ def _run(scn, folder, resume, progress, profile, grouping, numerics) -> RunResul
                                                                 now=sim.env.now))
     limits = run_length(scn, n_train=num.n_train)
     if progress:
-        from tqdm.auto import tqdm
-
-        driver.pbar = tqdm(total=limits.get("max_updates"), initial=driver.start_version,
-                           unit="upd", mininterval=0.5, leave=False, disable=None)
+        driver.show_progress(limits.get("max_updates"))
     try:
         trace = sim.run(**limits)
     finally:
-        if driver.pbar is not None:
-            driver.pbar.close()
+        driver.close_progress()
     return driver.finish(trace, t0)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, RunResult, numerics_for
+from asyncsim.drivers.driver import Driver, Observe, RunResult, numerics_for
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
@@ -110,16 +110,17 @@ def check_memory(held: int, trace: Trace, need: int, max_memory: int, *,
 def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force: bool = False,
            numerics: Numerics | None = None, hyper: Mapping[str, float] | None = None,
            max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
-           kind: str = "replay", observe=None, observe_every: int = 0) -> RunResult:
+           kind: str = "replay", observe: Observe | None = None,
+           observe_every: int = 0) -> RunResult:
     """Execute ``trace``'s numerics under ``scn`` (its optimizer, model, data, seed).
 
     Args:
         hyper: overrides of the core's ``lr``, ``beta``, ``weight_decay`` for this replay.
         max_memory: bytes of parameter versions allowed; a larger need raises
             :class:`ReplayMemoryError` before anything is allocated.
-        observe: ``observe(version, state)`` is called with the core state after every
-            ``observe_every`` updates and after the last one (e.g. to log sharpness along
-            the way); returning ``False`` stops the replay there.
+        observe: ``observe(version, state)`` is called with the core state at version 0,
+            after every ``observe_every`` updates and after the last one (e.g. to log
+            sharpness along the way).
     """
     num = numerics or numerics_for(scn)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
@@ -131,34 +132,18 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
         runs.write_scenario(folder, scn)
         runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"))
     t0 = time.perf_counter()
-    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}))
+    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), observe=observe,
+                    observe_every=observe_every, checkpoints=False)
     alive = _Alive(last_use(trace))
-    stopped_at = trace.num_updates
     if progress:
-        from tqdm.auto import tqdm
-
-        driver.pbar = tqdm(total=trace.num_updates, unit="upd", mininterval=0.5, leave=False,
-                           disable=None)
+        driver.show_progress(trace.num_updates)
     try:
         for v, rows, now in trace.iter_updates():
             alive.v = v
             if driver.on_update(v, rows, alive=alive, now=now) is False:
-                stopped_at = v + 1
                 break
-            if observe is not None and observe_every and (
-                    (v + 1) % observe_every == 0 or v + 1 == trace.num_updates):
-                if observe(v + 1, driver.state) is False:
-                    stopped_at = v + 1
-                    break
     finally:
-        if driver.pbar is not None:
-            driver.pbar.close()
-    if stopped_at < trace.num_updates:
-        trace = trace.truncate(stopped_at, stop_reason="diverged")
-    result = driver.finish(trace, t0, kind=kind)
-    result.summary["replay_path"] = "loop"
-    result.summary["replay_versions_held"] = need["versions"]
-    result.summary["replay_version_bytes"] = need["bytes"]
-    if folder is not None:
-        runs.write_summary(folder, result.summary)
-    return result
+        driver.close_progress()
+    return driver.finish(trace, t0, kind=kind, extra={
+        "replay_path": "loop", "replay_versions_held": need["versions"],
+        "replay_version_bytes": need["bytes"]})

@@ -13,7 +13,6 @@ depends on the model and backend (README, Performance).
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import time
 from collections.abc import Mapping, Sequence
@@ -27,7 +26,7 @@ from jax import lax
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, RunResult, first_bad, numerics_for
+from asyncsim.drivers.driver import Driver, RunResult, numerics_for
 from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory, last_use
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
@@ -129,38 +128,16 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
         runs.write_scenario(folder, scn)
         runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"), path="scan")
     t0 = time.perf_counter()
-    driver = Driver(dataclasses.replace(scn, run=dataclasses.replace(
-        scn.run, checkpoint_every=0)), num, folder=None, hyper=dict(hyper or {}))
-    driver.folder = folder
-    state = driver.state
-    buf = init_buf(state.params)
+    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), checkpoints=False)
     every = scn.run.eval_every or m
     times = trace.updates["time"]
-    losses_all = []
-    for carry, losses, e in _iter_chunks(run_chunk, (state, buf), xs_all,
-                                         _chunks(m, chunk, every), chunk):
-        losses_all.append(losses)
-        driver.grads_applied = e * c
-        if scn.run.eval_every and e % every == 0:
-            driver.state = carry[0]
-            driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
-                [np.asarray(x) for x in losses_all]))
-            losses_all = []
-            driver.now = float(times[e - 1])
-            driver.evaluate(e)
-    driver.state = carry[0]
-    if losses_all:
-        driver.rec.losses.extend(np.asarray(x) for x in np.concatenate(
-            [np.asarray(x) for x in losses_all]))
-    driver.rec.pending_base = len(driver.rec.losses)
-    driver.diverged_at = first_bad(driver.rec.losses)
-    driver.now = float(times[-1])
-    result = driver.finish(trace, t0, kind=kind)
-    result.summary["replay_path"] = "scan"
-    result.summary.update(fields)
-    if folder is not None:
-        runs.write_summary(folder, result.summary)
-    return result
+    first = (driver.state, init_buf(driver.state.params))
+    for carry, losses, _, e, redo in _iter_chunks(run_chunk, first, xs_all,
+                                                  _chunks(m, chunk, every), chunk):
+        if driver.chunk_applied(e, carry[0], losses, e * c, now=float(times[e - 1]),
+                                state_at=lambda v, redo=redo: redo(v)[0]) is False:
+            break
+    return driver.finish(trace, t0, kind=kind, extra={"replay_path": "scan", **fields})
 
 
 def _scan_inputs(trace: Trace, c: int, slot: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -371,12 +348,28 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
 def _iter_chunks(run_chunk, carry, xs_all: tuple[np.ndarray, ...],
                  bounds: Sequence[tuple[int, int]], length: int):
     """Run ``run_chunk`` (:func:`_scan_program`) over the update ranges ``bounds`` (each at
-    most ``length`` long), yielding ``(carry, losses, end)`` after each; losses are [n, c]
-    ([P, n, c] for the vmapped program). Each range's inputs are padded to ``length``, so
-    every call has the same shapes and one compiled program serves them all."""
+    most ``length`` long), yielding ``(carry, losses, start, end, redo)`` after each; losses
+    are [n, c] ([P, n, c] for the vmapped program), fetched. Each range's inputs are padded
+    to ``length``, so every call has the same shapes and one compiled program serves them
+    all. ``redo(v)`` recomputes the carry after update ``v`` of the chunk (the same program
+    on a copy of the chunk's first carry, which the call itself donates): a divergence found
+    at the chunk's end rolls back with it."""
     for s, e in bounds:
         n = e - s
         xs = tuple(np.concatenate([a[s:e], np.zeros((length - n, *a.shape[1:]), a.dtype)])
                    for a in xs_all)
+        start = jax.tree_util.tree_map(jnp.copy, carry)
         carry, losses = run_chunk(carry, xs, np.int32(n))
-        yield carry, losses[..., :n, :], e
+        yield carry, np.asarray(losses[..., :n, :]), s, e, _redo(run_chunk, start, xs, s)
+
+
+def _redo(run_chunk, start, xs, s: int):
+    done: dict[int, Any] = {}
+
+    def redo(v: int):
+        if v not in done:
+            copy = jax.tree_util.tree_map(jnp.copy, start)  # the program donates its carry
+            done[v] = run_chunk(copy, xs, np.int32(v + 1 - s))[0]
+        return done[v]
+
+    return redo

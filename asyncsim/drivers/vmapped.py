@@ -20,7 +20,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, EvalRecord, Recorder, RunResult, first_bad, numerics_for
+from asyncsim.drivers.driver import CHECK_EVERY, Driver, RunResult, numerics_for
 from asyncsim.drivers.replay import (
     DEFAULT_MAX_MEMORY,
     _Alive,
@@ -55,7 +55,7 @@ def _vmapped_programs(num: Numerics) -> dict[str, Any]:
             "f1": jax.jit(jax.vmap(num.fused1_fn,
                                    in_axes=(0, 0, None, None, None, None, None, None))),
             "grad": jax.jit(jax.vmap(num.programs.one, in_axes=(0, None, None, None, None))),
-            "apply": jax.jit(jax.vmap(num.stack_apply_fn, in_axes=(0, 0, None, None, None))),
+            "apply": jax.jit(jax.vmap(num.apply_fn, in_axes=(0, 0, None, None, None))),
             "eval": jax.jit(jax.vmap(num.programs.eval_batch_raw, in_axes=(0, None, None))),
         }
     return cache
@@ -71,135 +71,150 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     a leading axis of the state and each update is one vmapped call for all of them: on a
     small model this removes P−1 of every P dispatches. ``path="scan"`` (traces with the
     same number of gradients in every update) runs chunks of updates for all P points as
-    one compiled ``lax.scan`` over a buffer of the live versions (as :func:`replay_scan`),
-    which also removes the per-update dispatch. Each point's result equals its own
-    :func:`replay` up to floating-point reassociation under vmap (tested to 1e-5).
+    one compiled loop (:mod:`asyncsim.drivers.scan`), which also removes the per-update
+    dispatch. Each point has its own :class:`~asyncsim.drivers.driver.Driver`, fed a
+    stretch of updates at a time: evaluations, divergence (a diverged point stops at its
+    own update, rolled back exactly) and output files are those of a replay of that point
+    alone. Each point's numbers equal its own :func:`~asyncsim.drivers.replay.replay` up to
+    floating-point reassociation under vmap (tested to 1e-5).
     """
     if path not in ("loop", "scan"):
         raise ValueError(f"path must be loop or scan, got {path!r}")
     num = numerics or numerics_for(scn)
     P = len(hypers)
     check_learners(scn, trace)
+    m = trace.num_updates
+    counts = trace.updates["n_grads"]
     if path == "loop":  # the scan path's store is checked by _scan_setup
         shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
         need = replay_memory(trace, num_params(shapes) * P)
         check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
+    elif m == 0 or np.any(counts != counts[0]):
+        raise ValueError("path='scan' needs the same number of gradients in every update")
     t0 = time.perf_counter()
-    tm = jax.tree_util.tree_map
-    p0 = num.init_params()
-    states = [num.core.init(p0, **dict(h)) for h in hypers]
-    state = tm(lambda *a: jax.numpy.stack(a), *states)
-    progs = _vmapped_programs(num)
-    f1, grad_v, apply_v, eval_v = progs["f1"], progs["grad"], progs["apply"], progs["eval"]
-    x, y = num.x_train, num.y_train
-    r = scn.run
-    versions = {0: state.params}
-    alive = _Alive(last_use(trace))
-    g, u = trace.grads, trace.updates
-    learner, batch = g["learner"].tolist(), g["batch"].tolist()
-    read, stale = g["read_version"].tolist(), g["staleness"].tolist()
-    starts, counts, times = u["start"].tolist(), u["n_grads"].tolist(), u["time"].tolist()
-    pending: list[jax.Array] = []
-    evals: list[list] = [[] for _ in range(P)]
-    applied = 0
-
-    def evaluate(version: int, now: float) -> None:
-        n = num.x_test.shape[0] if r.eval_samples is None else min(r.eval_samples,
-                                                                   num.x_test.shape[0])
-        tot_l = np.zeros(P)
-        tot_e = np.zeros(P)
-        for s0 in range(0, n, 1000):
-            e = min(s0 + 1000, n)
-            loss, err = eval_v(state.params, num.x_test[s0:e], num.y_test[s0:e])
-            tot_l += np.asarray(loss, np.float64) * (e - s0)
-            tot_e += np.asarray(err, np.float64) * (e - s0)
-        for k in range(P):
-            evals[k].append((version, applied, now, tot_l[k] / max(n, 1), tot_e[k] / max(n, 1)))
-
-    evaluate(0, 0.0)
-    if path == "scan":
-        m = trace.num_updates
-        c = int(counts[0]) if m else 1
-        if m == 0 or np.any(trace.updates["n_grads"] != c):
-            raise ValueError("path='scan' needs the same number of gradients in every update")
-        run_chunk, xs_all, init_buf, fields = _scan_setup(num, trace, c, store, max_memory,
-                                                      points=P, vmapped=True)
-        buf = jax.vmap(init_buf)(state.params)
-        every = r.eval_every or m
-        for carry, losses, e in _iter_chunks(run_chunk, (state, buf), xs_all,
-                                             _chunks(m, chunk, every), chunk):
-            pending.append(losses.reshape(P, -1))
-            applied = e * c
-            state = carry[0]
-            if r.eval_every and e % every == 0:
-                evaluate(e, times[e - 1])
-    for v in range(trace.num_updates) if path == "loop" else ():
-        s0, c = starts[v], counts[v]
-        alive.v = v
-        if c == 1:
-            state, losses = f1(state, versions[read[s0]], x, y, np.int32(learner[s0]),
-                               np.int32(batch[s0]), np.int32(stale[s0]), np.int32(v))
-        else:
-            outs_ = [grad_v(versions[read[i]], x, y, np.int32(learner[i]), np.int32(batch[i]))
-                     for i in range(s0, s0 + c)]
-            state = apply_v(state, tuple(o[1] for o in outs_),
-                            np.asarray(stale[s0:s0 + c], np.int32),
-                            np.asarray(learner[s0:s0 + c], np.int32), np.int32(v))
-            losses = jax.numpy.stack([o[0] for o in outs_], axis=1)
-        applied += c
-        pending.append(losses)
-        versions[v + 1] = state.params
-        for k in [k for k in versions if k != v + 1 and k not in alive]:
-            del versions[k]
-        if r.eval_every and (v + 1) % r.eval_every == 0:
-            evaluate(v + 1, times[v])
-    losses_all = np.asarray(jax.device_get(jax.numpy.concatenate(
-        [lo.reshape(P, -1) for lo in pending], axis=1))) if pending else np.zeros((P, 0))
-    wall = time.perf_counter() - t0
-    results = []
-    for k in range(P):
-        st_k = tm(lambda a, k=k: a[k], state)
-        rec = _recorder_from(losses_all[k], counts, evals[k], num, r.eval_every)
+    drivers = []
+    for k, h in enumerate(hypers):
+        scn_k = _with_hyper(scn, h)
         out = outs[k] if outs is not None else None
         folder = runs.prepare(out, force=True) if out is not None else None
         if folder is not None:
-            scn_k = _with_hyper(scn, hypers[k])
             runs.write_scenario(folder, scn_k)
             runs.write_provenance(folder, scn_k, replay_of=trace.meta.get("source"),
                                   vmapped_points=P)
+        drivers.append(Driver(scn_k, num, folder=folder, hyper=dict(h), evaluate=False,
+                              checkpoints=False))
+    state = _stack([d.state for d in drivers])
+    lanes = _Lanes(num, drivers, scn.run)
+    lanes.evaluate(0, state)
+    if path == "scan":
+        c = int(counts[0])
+        run_chunk, xs_all, init_buf, fields = _scan_setup(num, trace, c, store, max_memory,
+                                                          points=P, vmapped=True)
+        times = trace.updates["time"]
+        first = (state, jax.vmap(init_buf)(state.params))
+        for carry, losses, _, e, redo in _iter_chunks(run_chunk, first, xs_all,
+                                                      _chunks(m, chunk, scn.run.eval_every or m),
+                                                      chunk):
+            if not lanes.feed(e, carry[0], losses, e * c, float(times[e - 1]),
+                              lambda v, redo=redo: redo(v)[0]):
+                break
+    else:
+        fields = {}
+        _loop(num, trace, state, lanes)
+    wall = time.perf_counter() - t0
+    return [d.finish(trace, t0, kind="run", extra={
+        "wall_time": wall / P, "vmapped_points": P, "replay_path": path, **fields})
+        for d in drivers]
+
+
+def _stack(trees):
+    return jax.tree_util.tree_map(lambda *a: jax.numpy.stack(a), *trees)
+
+
+def _lane(tree, k: int):
+    return jax.tree_util.tree_map(lambda a: a[k], tree)
+
+
+class _Lanes:
+    """The P points' Drivers, fed together: each stretch of updates once for all points,
+    each point's slice of the losses and of the (lazily sliced) states."""
+
+    def __init__(self, num: Numerics, drivers: list[Driver], run):
+        self.num, self.drivers, self.run = num, drivers, run
+        self.active = list(range(len(drivers)))
+        self.eval_v = _vmapped_programs(num)["eval"]
+
+    def evaluate(self, version: int, state) -> dict[int, tuple[float, float]]:
+        """Every point's (test loss, test error) at ``version`` by the vmapped program; at
+        version 0 recorded at once (the drivers were made without their first evaluation)."""
+        x, y = self.num.x_test, self.num.y_test
+        n = x.shape[0] if self.run.eval_samples is None else min(self.run.eval_samples,
+                                                                   x.shape[0])
+        tot_l, tot_e = np.zeros(len(self.drivers)), np.zeros(len(self.drivers))
+        for s0 in range(0, n, 1000):
+            e = min(s0 + 1000, n)
+            loss, err = self.eval_v(state.params, x[s0:e], y[s0:e])
+            tot_l += np.asarray(loss, np.float64) * (e - s0)
+            tot_e += np.asarray(err, np.float64) * (e - s0)
+        results = {k: (tot_l[k] / max(n, 1), tot_e[k] / max(n, 1)) for k in self.active}
+        if version == 0:
+            for k, res in results.items():
+                self.drivers[k].evaluate(0, res)
+        return results
+
+    def feed(self, end: int, state, losses, grads: int, now: float, state_at) -> bool:
+        """Hand the updates before ``end`` to every active point (losses [P, n, c],
+        fetched); returns whether any point is still running."""
+        evals = (self.evaluate(end, state) if self.run.eval_every
+                 and end % self.run.eval_every == 0 else {})
+        for k in list(self.active):
+            ok = self.drivers[k].chunk_applied(
+                end, _lane(state, k), losses[k], grads, now=now,
+                state_at=lambda v, k=k: _lane(state_at(v), k), evaluation=evals.get(k))
+            if ok is False:
+                self.active.remove(k)
+        return bool(self.active)
+
+
+def _loop(num: Numerics, trace: Trace, state, lanes: _Lanes) -> None:
+    """The loop path: one vmapped call per update; the points' drivers are fed every
+    ``CHECK_EVERY`` updates and at evaluation points (the rollback window is the stacked
+    states of the updates in between)."""
+    progs = _vmapped_programs(num)
+    f1, grad_v, apply_v = progs["f1"], progs["grad"], progs["apply"]
+    x, y = num.x_train, num.y_train
+    every = lanes.run.eval_every
+    versions = {0: state.params}
+    alive = _Alive(last_use(trace))
+    window: list = []
+    losses: list = []
+    start, applied = 0, 0
+    for v, rows, now in trace.iter_updates():
+        alive.v = v
+        if len(rows) == 1:
+            (l, b, r, tau), = rows
+            state, lo = f1(state, versions[r], x, y, np.int32(l), np.int32(b), np.int32(tau),
+                           np.int32(v))
         else:
-            scn_k = scn
-        d = Driver(scn_k, num, folder=folder, start=(0, st_k, {}, rec, {"grads_applied":
-                                                                          trace.num_gradients}))
-        bad = rec.flush()
-        d.diverged_at = bad if bad is not None else first_bad(rec.losses)
-        res = d.finish(trace, t0, kind="run")
-        res.summary["wall_time"] = wall / P
-        res.summary["vmapped_points"] = P
-        res.summary["replay_path"] = path
-        if path == "scan":
-            res.summary.update(fields)
-        if folder is not None:
-            runs.write_summary(folder, res.summary)
-        results.append(res)
-    return results
-
-
-def _recorder_from(flat_losses: np.ndarray, counts: Sequence[int], evals, num: Numerics,
-                   eval_every: int):
-    rec = Recorder()
-    pos = 0
-    for c in counts:
-        rec.losses.append(flat_losses[pos:pos + c])
-        pos += c
-    rec.pending_base = len(rec.losses)
-    eval_every = max(eval_every, 1)
-    for version, applied, now, loss, err in evals:
-        recent = rec.losses[max(version - eval_every, 0):version]
-        train = float(np.mean(np.concatenate(recent))) if recent else float("nan")
-        rec.evals.append(EvalRecord(version, applied, now, num.epoch_of(applied), train,
-                                    float(loss), float(err)))
-    return rec
+            outs = [grad_v(versions[r], x, y, np.int32(l), np.int32(b)) for l, b, r, _ in rows]
+            state = apply_v(state, tuple(o[1] for o in outs),
+                            np.asarray([row[3] for row in rows], np.int32),
+                            np.asarray([row[0] for row in rows], np.int32), np.int32(v))
+            lo = jax.numpy.stack([o[0] for o in outs], axis=1)
+        applied += len(rows)
+        versions[v + 1] = state.params
+        for k in [k for k in versions if k != v + 1 and k not in alive]:
+            del versions[k]
+        window.append(state)
+        losses.append(lo)
+        done = v + 1
+        if (len(window) >= CHECK_EVERY or (every and done % every == 0)
+                or done == trace.num_updates):
+            fetched = np.stack([np.asarray(a) for a in jax.device_get(losses)], axis=1)
+            if not lanes.feed(done, state, fetched, applied, now,
+                              lambda u, w=window, s=start: w[u - s]):
+                return
+            window, losses, start = [], [], done
 
 
 def _with_hyper(scn: Scenario, hyper: Mapping[str, float]) -> Scenario:

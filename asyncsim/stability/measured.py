@@ -439,22 +439,17 @@ def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
     tau_edge = 2 * math.sin(math.pi / (4 * tau + 2)) / eta if tau is not None else math.nan
     rows = []
 
-    def log(v, params, diverged=False):
+    def log(v, params):
         loss = float(num.model.loss(params, xs, ys))
         sh = (sharpness(num.model, params, xs, ys, max_iter=max_iter, tol=tol)
               if math.isfinite(loss) else math.nan)
         rows.append({"update": v, "sharpness": sh, "train_loss": loss, "lr": eta,
-                     "tau_edge": tau_edge, "sync_edge": 2.0 / eta, "diverged": diverged})
+                     "tau_edge": tau_edge, "sync_edge": 2.0 / eta, "diverged": False})
 
-    def observe(v, st):
-        finite = all(bool(np.all(np.isfinite(np.asarray(x))))
-                     for x in jax.tree_util.tree_leaves(st.params))
-        log(v, st.params, diverged=not finite)
-        return finite  # stop at the first non-finite parameters
-
-    log(0, state.params)
-    res = replay(scn, trace, numerics=num, observe=observe, observe_every=every)
-    if res.summary["diverged"] and not rows[-1]["diverged"]:
-        # The driver stopped the replay at a diverged update between two observations.
-        log(res.trace.num_updates, res.params, diverged=True)
+    # The replay observes version 0, every `every` updates and its last update; a diverged
+    # one stops at its diverged update (the Driver's rule), observed last.
+    res = replay(scn, trace, numerics=num, observe=lambda v, st: log(v, st.params),
+                 observe_every=every)
+    if res.summary["diverged"]:
+        rows[-1]["diverged"] = True
     return pd.DataFrame(rows)

@@ -65,8 +65,7 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers import driver as driver_mod
-from asyncsim.drivers.driver import Driver, load_checkpoint, numerics_for, save_checkpoint
+from asyncsim.drivers.driver import Driver, load_checkpoint, numerics_for
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.protocols import Protocol, get_protocol_class
@@ -220,7 +219,8 @@ class PSImpl:
             self.resumes = list(extra.get("resumes", []))
             self.t_offset = float(self.u["time"][-1]) if self.u["time"] else 0.0
             self.resumes.append({"version": int(start[0]), "t": self.t_offset})
-        self.driver = _RealDriver(scn, num, folder=self.folder, start=start, ps=self)
+        self.driver = _RealDriver(scn, num, folder=self.folder, start=start, versions=False)
+        self.driver.ps = self
         self.proto = get_protocol_class(scn.protocol.kind)(scn.protocol, lam)
         self.clock = _Clock(self._apply_update)
         self.next_batch = [0] * lam
@@ -230,12 +230,13 @@ class PSImpl:
         self.pending: dict[tuple[int, int], tuple] = {}  # (learner, batch) -> (loss, grads)
         self.stop_reason = ""
         self.stopped = False
-        # Compile the apply for this protocol's update size now, not during the first update.
+        # Compile the update program for this protocol's update size now, not during the
+        # first update.
         c = max(1, round(1.0 / self.proto.updates_per_gradient()))
-        g0 = jax.tree_util.tree_map(lambda p: np.zeros((c, *np.shape(p)), np.float32),
+        g0 = jax.tree_util.tree_map(lambda p: np.zeros(np.shape(p), np.float32),
                                     self.driver.state.params)
-        jax.block_until_ready(num.apply(self.driver.state, g0, np.zeros(c, np.int32),
-                                         np.zeros(c, np.int32), np.int32(0)))
+        jax.block_until_ready(num.apply_given(self.driver.state, 0, [(0, 0, 0, 0)] * c,
+                                              [g0] * c))
         self._params_ref: tuple[int, Any] | None = None
 
     # -------------------------------------------------------------- bookkeeping
@@ -335,12 +336,10 @@ class PSImpl:
             rows.append((learner, batch, read, v - read))
             gs.append(gr)
             losses.append(loss)
-        # The learners computed these with the same jitted gradient function, in the order
-        # the protocol took them: the apply input a replay of this trace computes itself.
-        stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *gs)
-        ok = self.driver.apply_real(v, rows, stacked, np.asarray(losses, np.float32),
-                                    now_fn=self.now)
-        now_apply = self.driver.now
+        # The learners computed these with the same gradient program, in the order the
+        # protocol took them: what a replay of this trace computes itself, and the driver
+        # applies them with the same update program (Numerics.apply_given).
+        now_apply = self.now()
         g = self.g
         start = len(g["learner"])
         for (learner, batch, read, t_pull, t_push, t_arrive), row in zip(grads, rows,
@@ -361,7 +360,10 @@ class PSImpl:
         self.u["n_grads"].append(len(rows))
         self.u["start"].append(start)
         self.clock.version = v + 1
-        self.driver.after_update(v + 1)
+        # After the trace rows: a checkpoint the driver writes holds this update's.
+        state = self.num.apply_given(self.driver.state, v, rows, gs)
+        ok = self.driver.applied(v, len(rows), state, np.asarray(losses, np.float32),
+                                 now=now_apply)
         if ok is False:
             self._stop("diverged")
         elif self.max_updates is not None and v + 1 >= self.max_updates:
@@ -483,59 +485,17 @@ class PSImpl:
 
 
 class _RealDriver(Driver):
-    """:class:`asyncsim.online.Driver` fed with gradients computed elsewhere.
+    """The :class:`~asyncsim.drivers.driver.Driver` of the PS: its checkpoints also hold the
+    trace so far and the restarts (``ps``: the :class:`PSImpl`)."""
 
-    Keeps the Driver's recorder, evaluation, divergence check and ``finish`` (so every file
-    has exactly the simulated runs' format); checkpoints also hold the trace so far.
-    """
+    ps: PSImpl
 
-    def __init__(self, scn, num, *, folder, start, ps):
-        super().__init__(scn, num, folder=folder, start=start)
-        self.ps = ps
-        self.versions = {}  # the PS serves only the current version; learners keep copies
-
-    def apply_real(self, v: int, rows, grads, losses, *, now_fn) -> bool | None:
-        """Apply update ``v`` exactly as :meth:`Numerics.update` would, with given gradients."""
-
-        num = self.num
-        self.grads_applied += len(rows)
-        staleness = np.asarray([r[3] for r in rows], np.int32)
-        learners = np.asarray([r[0] for r in rows], np.int32)
-        self.state = num.apply(self.state, grads, staleness, learners, np.int32(v))
-        self.now = now_fn()
-        rec = self.rec
-        rec.pending.append(losses)
-        if len(rec.pending) >= driver_mod.CHECK_EVERY:
-            bad = rec.flush()
-            if bad is not None:
-                self.diverged_at = bad
-                return False
-        done = v + 1
-        r = self.scn.run
-        if r.eval_every and done % r.eval_every == 0:
-            self.evaluate(done)
-            if self.diverged_at is not None:
-                return False
-        return None
-
-    def after_update(self, done: int) -> None:
-        """Checkpoint (after the PS recorded update ``done - 1`` in its trace)."""
-
-        r = self.scn.run
-        # As the online driver: every run.checkpoint_every updates, or (when that is 0)
-        # once online.AUTO_CHECKPOINT_SECONDS of wall time have passed since the last one.
-        due = (done % r.checkpoint_every == 0 if r.checkpoint_every else
-               time.monotonic() - getattr(self, "_last_ckpt", time.monotonic())
-               > driver_mod.AUTO_CHECKPOINT_SECONDS)
-        if self.folder is not None and due:
-            self._last_ckpt = time.monotonic()
-            self.rec.flush()
-            ps = self.ps
-            trace = {"grads": {k: [_py(x) for x in ps.g[k]] for k in _GCOLS},
-                     "updates": {k: [_py(x) for x in ps.u[k]] for k in _UCOLS}}
-            save_checkpoint(self.folder, done, self.state, {done: self.state.params}, self.rec,
-                            {"grads_applied": self.grads_applied, "trace": trace,
-                             "restarts": ps.restarts, "resumes": ps.resumes})
+    def checkpoint_extra(self, done: int) -> dict[str, Any]:
+        ps = self.ps
+        trace = {"grads": {k: [_py(x) for x in ps.g[k]] for k in _GCOLS},
+                 "updates": {k: [_py(x) for x in ps.u[k]] for k in _UCOLS}}
+        return {**super().checkpoint_extra(done), "trace": trace, "restarts": ps.restarts,
+                "resumes": ps.resumes}
 
 
 def _py(x):

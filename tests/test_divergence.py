@@ -1,0 +1,122 @@
+"""One divergence rule for every path (asyncsim.drivers.driver.Driver): a diverging run stops
+at the same update -- the same ``diverged_at``, ``updates`` and ``stop_reason`` -- alone,
+replayed (loop and scan), as a sweep point (one by one or vmapped) and on Ray
+(tests/test_real.py), and the diverged update is the last one applied."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from asyncsim.api import replay, run, simulate
+from asyncsim.drivers.scan import replay_scan
+from asyncsim.drivers.vmapped import replay_vmapped
+from asyncsim.numerics.lr_rules import register_lr_rule
+from asyncsim.scenario import load_scenario
+from asyncsim.sweep import run_sweep
+
+DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
+
+
+def scenario(**kw):
+    """The case the redesign issue measured: 4 async learners, an MLP, lr 3.0 (diverges)."""
+    d = {"name": "div", "seed": 3, "cluster": {"learners": 4,
+                                               "compute": {"dist": "exponential", "mean": 1.0}},
+         "protocol": {"kind": "async"}, "optimizer": {"lr": 3.0},
+         "model": {"name": "mlp", "hidden": [16]}, "data": DATA,
+         "run": {"updates": 60, "eval_every": 20}}
+    d.update(kw)
+    return load_scenario(d)
+
+
+def stop(summary):
+    return summary["diverged_at"], summary["updates"], summary["stop_reason"]
+
+
+def same_params(a, b):
+    return all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b),
+                               strict=True))
+
+
+@pytest.fixture(scope="module")
+def alone():
+    return run(scenario())
+
+
+def test_a_diverging_run_stops_at_the_diverged_update(alone):
+    s = alone.summary
+    v = s["diverged_at"]
+    assert s["diverged"] and v is not None and 0 < v < 59
+    # The diverged update is the last one applied: the trace, the metrics and the stop
+    # reason end there (the issue's run applied 14 updates after diverged_at 8).
+    assert stop(s) == (v, v + 1, "diverged")
+    assert alone.trace.num_updates == v + 1 and len(alone.updates) == v + 1
+    assert alone.evals["version"].iloc[-1] == v + 1
+    assert s["sim_time"] == float(alone.trace.updates["time"][-1])
+    # ... and the parameters are those right after update v: the first v + 1 updates of
+    # the whole timeline replayed give them bit for bit; the first v do not (update v was
+    # applied), and nothing after it was.
+    full = simulate(scenario())
+    assert same_params(replay(scenario(), full.truncate(v + 1)).params, alone.params)
+    assert not same_params(replay(scenario(), full.truncate(v)).params, alone.params)
+
+
+def test_replays_stop_where_the_run_stopped(alone):
+    full = simulate(scenario())  # the whole timeline: the replays find the divergence
+    assert full.num_updates == 60
+    loop = replay(scenario(), full)
+    assert stop(loop.summary) == stop(alone.summary)
+    assert loop.summary["param_hash"] == alone.summary["param_hash"]
+    scan = replay_scan(scenario(), full)
+    assert stop(scan.summary) == stop(alone.summary)
+
+
+@pytest.mark.parametrize("path", ["loop", "scan"])
+def test_vmapped_points_stop_where_each_runs_alone(path):
+    lrs = [0.05, 3.0, 30.0]
+    trace = simulate(scenario())
+    res = replay_vmapped(scenario(), trace, [{"lr": lr} for lr in lrs], path=path)
+    for lr, r in zip(lrs, res, strict=True):
+        single = run(scenario(optimizer={"lr": lr}))
+        assert stop(r.summary) == stop(single.summary), lr
+        assert r.trace.num_updates == single.trace.num_updates
+    assert not res[0].summary["diverged"] and res[1].summary["diverged"]
+
+
+@pytest.mark.parametrize("vmap", ["never", "always"])
+def test_sweep_points_stop_where_each_runs_alone(tmp_path, vmap, alone):
+    scn = scenario(sweep={"optimizer.lr": [0.05, 3.0]})
+    index = run_sweep(scn, tmp_path / vmap, vmap=vmap).set_index("point")
+    assert index.loc["p001", "diverged"] and not index.loc["p000", "diverged"]
+    assert index.loc["p001", "diverged_at"] == alone.summary["diverged_at"]
+    assert index.loc["p001", "updates"] == alone.summary["updates"]
+    assert bool(index.loc["p001", "vmapped"]) == (vmap == "always")
+
+
+def test_an_exploded_evaluation_is_a_divergence():
+    """The quickstart at lr 1e6 ended with test loss 1e18 and diverged: false, because only
+    batch losses (computed on stale reads) were checked: the evaluation after an update
+    checks the parameters it produced."""
+    scn = scenario(cluster={"learners": 1}, optimizer={"lr": 1e6}, run={"updates": 1})
+    s = run(scn).summary
+    assert s["final_test_loss"] > 1e6 * 2.3  # the update's own batch loss was fine
+    assert stop(s) == (0, 1, "diverged")
+
+
+def test_nonfinite_parameters_are_a_divergence_at_the_update_that_made_them(fresh_registries):
+    """A rule that makes the parameters NaN at staleness >= 3: with P2's round robin at
+    delay 4 (staleness = min(version, 4)) update 3 makes them NaN, while the first batch
+    loss that reads a NaN version is update 8's. The stop is update 3, found by the
+    rollback window (the losses are fetched only every 16 updates)."""
+    register_lr_rule("nan-at-3-test", lambda lr, tau, mean:
+                     jnp.where(tau >= 3, jnp.nan, lr))
+    scn = scenario(protocol={"kind": "fixed-delay", "tau": 4}, cluster={},
+                   optimizer={"lr": 0.05, "lr_rule": "nan-at-3-test"},
+                   run={"updates": 30, "eval_every": 0})
+    res = run(scn)
+    assert stop(res.summary) == (3, 4, "diverged")
+    assert not np.isfinite(res.summary["final_test_loss"])
+    assert stop(replay_scan(scn, simulate(scn)).summary) == (3, 4, "diverged")
