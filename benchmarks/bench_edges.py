@@ -4,7 +4,7 @@
 
 1. The closed-form table of :mod:`asyncsim.stability` for τ = 0..256 × 3 momentum kinds
    (heavy-ball, dampened, shifted) × 10 β values (target: under a second).
-2. One stability grid of the measured-edge search (:mod:`asyncsim.edges`): 20 delays
+2. One stability grid of the measured-edge search (:mod:`asyncsim.stability.measured`): 20 delays
    (τ = 0..19) × 256 learning rates, all in one compiled vmapped ``lax.scan`` program,
    against the same sweep run point by point (one compiled single-lane program, called per
    (τ, η)). Running all 5,120 points one by one takes minutes, so by default a random
@@ -33,10 +33,11 @@ def bench_table() -> tuple[float, int]:
 
 def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
     from asyncsim.api import simulate
+    from asyncsim.drivers.driver import numerics_for
     from asyncsim.stability import edge
     from asyncsim.stability.measured import (
-        ScanExecutor,
         default_steps,
+        growth,
         quadratic_scenario,
         stable_mask,
     )
@@ -47,29 +48,27 @@ def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
     traces = [simulate(s) for s in scns]
     # A grid of x = η·λ around each delay's edge (as in the search's refinement step).
     grid = np.stack([np.linspace(0.9, 1.1, 256) * edge(t) for t in taus])
-    ex = ScanExecutor(scns[-1], num_learners=max(taus) + 1)
+    num = numerics_for(scns[-1])  # sized for the most workers; shared by both ways
     t0 = time.perf_counter()
-    ex.run(grid, traces)
+    growth(traces, scns[-1], grid, num)
     compile_vmapped = time.perf_counter() - t0
     t0 = time.perf_counter()
-    res = ex.run(grid, traces)
+    wa, wb = growth(traces, scns[-1], grid, num)
     vmapped = time.perf_counter() - t0
-    verdict = stable_mask(res.window_a, res.window_b)
+    verdict = stable_mask(wa, wb)
 
-    # Point by point: one single-lane program (same ring size, so it compiles once).
-    single = ScanExecutor(scns[-1], num_learners=max(taus) + 1)
-    ring = max(taus) + 1
+    # Point by point: one trace and one rate per call (one program per slot count K).
     rng = np.random.default_rng(seed)
     total = grid.size
     chosen = rng.choice(total, size=min(points, total), replace=False)
-    j0, k0 = divmod(int(chosen[0]), 256)
-    single.run([grid[j0, k0]], traces[j0], ring=ring)  # compile
+    for j in sorted({int(i) // 256 for i in chosen}):
+        growth([traces[j]], scns[-1], grid[j:j + 1, :1], num)  # compile
     t0 = time.perf_counter()
     agree = 0
     for idx in chosen:
         j, k = divmod(int(idx), 256)
-        r = single.run([grid[j, k]], traces[j], ring=ring)
-        agree += bool(stable_mask(r.window_a, r.window_b)[0, 0]) == bool(verdict[j, k])
+        a, b = growth([traces[j]], scns[-1], grid[j:j + 1, k:k + 1], num)
+        agree += bool(stable_mask(a, b)[0, 0]) == bool(verdict[j, k])
     per_point = (time.perf_counter() - t0) / len(chosen)
     return {"vmapped_s": vmapped, "vmapped_compile_s": compile_vmapped,
             "per_point_s": per_point, "points_timed": len(chosen),

@@ -1,8 +1,10 @@
-"""Measured stability edges (asyncsim.edges) against P2's closed forms (asyncsim.stability).
+"""Measured stability edges (asyncsim.stability.measured) against P2's closed forms
+(asyncsim.stability.closed_form).
 
 The edges are measured by the real simulator: fixed-delay timing from the protocol code, the
-shared update core, a one-dimensional quadratic. Table-driven (STYLE.md 6): every momentum
-kind × τ against :func:`asyncsim.stability.edge` within 1%.
+shared update core executed by replay's compiled-chunk executor, a one-dimensional
+quadratic. Table-driven (as optax tests its optimizers): every momentum kind × τ against
+:func:`asyncsim.stability.edge` within 1%.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import pytest
 from asyncsim.api import simulate
 from asyncsim.cli import main
 from asyncsim.drivers.replay import replay
+from asyncsim.drivers.scan import replay_scan
 from asyncsim.stability import edge
 from asyncsim.stability.measured import (
-    ScanExecutor,
     find_edge,
     find_edges,
+    growth,
     quadratic_scenario,
-    scan_replay,
     sharpness_trajectory,
     stable_mask,
 )
@@ -74,36 +76,54 @@ def test_replay_converges_below_and_diverges_above_edge():
     assert not np.isfinite(w_above) or w_above > 1e2
 
 
+def _windows_by_loop(scn, trace, lr):
+    """Windows A and B (the edge test) computed from the loop replay's parameters after
+    every update: the exact reference of the compiled executor's running maxima."""
+    norms = {}
+    res = replay(scn, trace, hyper={"lr": lr}, observe_every=1,
+                 observe=lambda v, st: norms.__setitem__(v, float(np.sum(np.square(
+                     np.asarray(st.params["w"], np.float64))))))
+    assert not res.summary["diverged"]
+    m = trace.num_updates
+    sq = np.asarray([norms[v + 1] for v in range(m)])  # after update v
+    v = np.arange(m)
+    return sq[(v >= m // 4) & (v < m // 2)].max(), sq[v >= (3 * m) // 4].max()
+
+
 @pytest.mark.parametrize(("kind", "schedule", "noise"), [
     ("none", "round-robin", 0.0),
     ("shifted", "random", 0.5),
     ("heavy-ball", "normal", 0.0),
 ])
-def test_scan_executor_equals_python_replay(kind, schedule, noise):
-    """DESIGN.md's scan path equals the Python-loop replay on a short trace."""
+def test_the_edge_executor_is_replays_compiled_executor(kind, schedule, noise):
+    """The measured edge runs on replay's compiled-chunk executor: its final parameters equal
+    the loop replay's, and its growth windows equal the running maxima of the loop
+    replay's parameter norms."""
     beta = 0.0 if kind == "none" else 0.9
     scn = quadratic_scenario(3, kind, beta, schedule=schedule, noise=noise, steps=80,
                              eigenvalue=2.0, lr=0.05, batch_size=4)
     trace = simulate(scn)
     ref = replay(scn, trace, hyper={"lr": 0.02}).params
-    got = scan_replay(scn, trace, hyper={"lr": 0.02})
+    got = replay_scan(scn, trace, hyper={"lr": 0.02}).params
     np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(ref["w"]), rtol=1e-5, atol=1e-7)
+    wa, wb = growth([trace], scn, np.asarray([[0.02, 0.005]]))
+    for k, lr in enumerate((0.02, 0.005)):
+        a, b = _windows_by_loop(scn, trace, lr)
+        assert wa[0, k] == pytest.approx(a, rel=1e-5) and wb[0, k] == pytest.approx(b, rel=1e-5)
 
 
-def test_vmapped_point_equals_single_run():
-    """Lane k of the vmapped sweep (rates × traces) equals a run with config k alone."""
+def test_vmapped_lane_equals_single_run():
+    """Lane (trace j, rate k) of one program over rates × traces equals that trace under
+    that rate alone (shifted momentum sized for the most workers, here 5)."""
     scns = [quadratic_scenario(t, "shifted", 0.5, steps=300) for t in (1, 4)]
     traces = [simulate(s) for s in scns]
     lrs = np.asarray([0.05, 0.2, 0.31, 0.6], np.float32)
-    ex = ScanExecutor(scns[1], num_learners=5)
-    many = ex.run(lrs, traces)
+    wa, wb = growth(traces, scns[1], np.tile(lrs, (2, 1)))
     for j, (s, tr) in enumerate(zip(scns, traces, strict=True)):
-        single = ScanExecutor(s)  # sized for this τ alone; compiled once, reused per rate
         for k, lr in enumerate(lrs):
-            one = single.run([lr], tr)
-            np.testing.assert_allclose(np.asarray(many.params["w"][j, k]),
-                                       np.asarray(one.params["w"][0, 0]), rtol=1e-6)
-            assert many.window_b[j, k] == pytest.approx(float(one.window_b[0, 0]), rel=1e-6)
+            a1, b1 = growth([tr], s, np.asarray([[lr]]))
+            assert wa[j, k] == pytest.approx(float(a1[0, 0]), rel=1e-6)
+            assert wb[j, k] == pytest.approx(float(b1[0, 0]), rel=1e-6)
 
 
 def test_stable_mask():

@@ -248,7 +248,8 @@ def _chunks(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
 
 
 def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = "versions",
-                  reads: int = 1):
+                  reads: int = 1, traces: bool = False,
+                  growth: tuple[int, int, int] | None = None):
     """The jitted chunk program ``(state, buf), xs, n -> (state, buf), losses[L, c]``: runs
     the first ``n`` of the L updates in ``xs`` (inputs padded to L; see :func:`_iter_chunks`).
 
@@ -259,10 +260,16 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
     ``buf``'s pending slots (:func:`pending_plan`, K slots and a scratch one; up to
     ``reads`` per update), then applies the c pending gradients it takes; no version is
     ever copied (README, Performance).
-    ``vmapped``: state and buffer carry a leading axis of sweep points (losses [P, L, c]).
-    Compiled once per (Numerics, c, K, vmapped, store, reads) and chunk size L."""
+    ``vmapped``: state and buffer carry a leading axis of sweep points (losses [P, L, c]);
+    ``traces`` adds an outer axis of traces (carry [T, P, ...], inputs [T, L, ...]).
+    ``growth = (q1, q2, q3)``: instead of losses the program keeps, per lane, the largest
+    squared parameter norm over updates [q1, q2) and from q3 on (the carry becomes
+    ``((state, buf), (window_a, window_b))``): the measured-edge test of
+    :mod:`asyncsim.stability.measured`.
+    Compiled once per (Numerics, c, K, vmapped, store, reads, traces, growth) and chunk
+    size L."""
     cache = num.__dict__.setdefault("_scan_cache", {})
-    key = (c, K, vmapped, store, reads)
+    key = (c, K, vmapped, store, reads, traces, growth)
     if key in cache:
         return cache[key]
     tm = jax.tree_util.tree_map
@@ -322,13 +329,14 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
             buf = tm(lambda a, p: lax.dynamic_update_index_in_dim(a, p, w, 0), buf, st.params)
         return (st, buf), losses
 
+    fn = pending_body if store == "gradients" else body
+
     def chunk_fn(carry, xs, n):
         # A loop with a traced trip count over inputs padded to a fixed length: one compiled
         # program serves every chunk length (probes, the trace's tail, evaluation spacing),
         # where a scan over each length's inputs compiled anew (~1.7 s each for a small MLP).
         L = xs[0].shape[0]
         losses = jnp.zeros((L, c), jnp.float32)
-        fn = pending_body if store == "gradients" else body
 
         def step(i, val):
             carry, losses = val
@@ -338,10 +346,31 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
 
         return lax.fori_loop(0, n, step, (carry, losses))
 
+    def growth_fn(carry, xs, n):
+        q1, q2, q3 = growth
+        v_col = xs[-2] if store == "versions" else xs[-1]  # the update index of each row
+
+        def step(i, val):
+            inner, (wa, wb) = val
+            inner, _ = fn(inner, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
+                                       for a in xs))
+            v = v_col[i]
+            sq = sum(jnp.sum(jnp.square(p)) for p in jax.tree_util.tree_leaves(inner[0].params))
+            # NaN must win the max (a diverged lane), hence jnp.maximum, not fmax.
+            wa = jnp.where((v >= q1) & (v < q2), jnp.maximum(wa, sq), wa)
+            wb = jnp.where(v >= q3, jnp.maximum(wb, sq), wb)
+            return inner, (wa, wb)
+
+        return lax.fori_loop(0, n, step, carry), None
+
+    prog = growth_fn if growth is not None else chunk_fn
+    if vmapped:
+        prog = jax.vmap(prog, in_axes=(0, None, None))
+    if traces:
+        prog = jax.vmap(prog, in_axes=(0, 0, None))
     # The carry is donated: XLA then updates and reads the buffer in place. Without it, reads
     # from the (non-aliased) buffer cost ~40% of an MLP step on CPU (measured, 24 versions).
-    cache[key] = jax.jit(jax.vmap(chunk_fn, in_axes=(0, None, None)) if vmapped else chunk_fn,
-                         donate_argnums=(0,))
+    cache[key] = jax.jit(prog, donate_argnums=(0,))
     return cache[key]
 
 
@@ -373,3 +402,34 @@ def _redo(run_chunk, start, xs, s: int):
         return done[v]
 
     return redo
+
+
+def growth_windows(num: Numerics, traces: Sequence[Trace], lrs: np.ndarray, *,
+                   growth: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every trace of ``traces`` (equal lengths, one gradient per update) executed under every
+    learning rate of ``lrs`` ([T, K]: a grid per trace) as one compiled program, vmapped over
+    traces and rates: per (trace, rate) the largest squared parameter norm over the updates
+    [q1, q2) and from q3 on (``growth``). The state of each lane is ``num``'s core with that
+    rate (``hyper["lr"]``); each trace keeps its own versions store (:func:`slot_plan`)."""
+    m = {t.num_updates for t in traces}
+    if len(m) != 1:
+        raise ValueError(f"traces must have equal numbers of updates, got {sorted(m)}")
+    (m,) = m
+    if m == 0 or any(np.any(t.updates["n_grads"] != 1) for t in traces):
+        raise ValueError("growth_windows needs traces of one gradient per update")
+    plans = [slot_plan(t) for t in traces]
+    K = max(k for _, k in plans)
+    xs = tuple(np.stack(cols) for cols in zip(*(_scan_inputs(t, 1, slot)
+                                                for t, (slot, _) in zip(traces, plans,
+                                                                        strict=True)),
+                                              strict=True))
+    lrs = np.asarray(lrs, np.float32)
+    p0 = num.init_params()
+    tm = jax.tree_util.tree_map
+    state = jax.vmap(jax.vmap(lambda lr: num.core.init(p0, lr=lr)))(jnp.asarray(lrs))
+    buf = tm(lambda p: jnp.broadcast_to(p[:, :, None], (*lrs.shape, K, *p.shape[2:])),
+             state.params)
+    windows = (jnp.zeros(lrs.shape, jnp.float32), jnp.zeros(lrs.shape, jnp.float32))
+    program = _scan_program(num, 1, K, vmapped=True, traces=True, growth=growth)
+    (_, (wa, wb)), _ = program(((state, buf), windows), xs, np.int32(m))
+    return np.asarray(wa), np.asarray(wb)

@@ -7,14 +7,13 @@ with a constant delay τ is linearly stable at a minimum iff ``η λ_max < 2 sin
 code and the update core check each other:
 
 1. timing: a ``fixed-delay`` scenario (N = τ + 1 workers; schedule ``round-robin``, ``random``
-   or ``normal``) is simulated by :func:`asyncsim.api.simulate`, so the staleness pattern is
-   the protocol's, not a formula's;
-2. numerics: the trace is executed by :class:`ScanExecutor`, the "scan path" of DESIGN.md's
-   replay for small dense models: one ``jax.lax.scan`` over the trace's updates with a ring
-   buffer of the last ``S + 1`` parameter versions, each update applied by the shared core
-   (:func:`asyncsim.core.make_core`), ``jax.vmap``-ed over a grid of learning rates through
-   the state's ``hyper["lr"]`` (and optionally over several traces), all in one compiled
-   program. It agrees with the Python-loop :func:`asyncsim.replay` (tested);
+   or ``normal``) is simulated by the timing layer, so the staleness pattern is the
+   protocol's, not a formula's;
+2. numerics: the trace is executed by the one compiled-chunk executor of replay
+   (:mod:`asyncsim.drivers.scan`: each update applied by the shared core with the parameter
+   versions its gradient read), vmapped over a grid of learning rates through the state's
+   ``hyper["lr"]`` and over several traces, all in one compiled program
+   (:func:`asyncsim.drivers.scan.growth_windows`);
 3. :func:`find_edge` brackets the largest stable ``x = η·λ`` on a log grid, then refines it
    on linear grids until the bracket is narrower than ``rel_tol``.
 
@@ -35,25 +34,21 @@ slightly upwards, and is documented where it is used.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import numerics_for
 from asyncsim.drivers.replay import replay
+from asyncsim.drivers.scan import growth_windows
 from asyncsim.drivers.trace_only import simulate
-from asyncsim.numerics.core import make_core
-from asyncsim.numerics.data import batch_indices
 from asyncsim.numerics.lr_rules import rate_at_delay
-from asyncsim.numerics.models import grad_fn
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
 from asyncsim.stability.closed_form import edge
@@ -61,13 +56,12 @@ from asyncsim.stability.sharpness import sharpness
 from asyncsim.trace import Trace
 
 __all__ = [
-    "ScanExecutor",
     "default_steps",
     "find_edge",
     "edges_of_traces",
     "find_edges",
+    "growth",
     "quadratic_scenario",
-    "scan_replay",
     "sharpness_trajectory",
     "stable_mask",
 ]
@@ -117,141 +111,15 @@ def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
     return load_scenario(raw)
 
 
-# ------------------------------------------------------------------------------ scan path
-def _trace_arrays(trace: Trace) -> dict[str, np.ndarray]:
-    """Per-update columns of a one-gradient-per-update trace (async / fixed-delay)."""
-    n = trace.updates["n_grads"]
-    if trace.num_updates and not np.all(n == 1):
-        raise ValueError("the scan executor handles one gradient per update (async, "
-                         "fixed-delay); use asyncsim.replay for grouped updates")
-    g = trace.grads
-    return {"read": g["read_version"].astype(np.int32),
-            "stale": g["staleness"].astype(np.int32),
-            "learner": g["learner"].astype(np.int32),
-            "batch": g["batch"].astype(np.int32)}
-
-
-@dataclass
-class ScanResult:
-    """Final parameters and growth windows of a batch of runs (leading axes ``[T, K]``)."""
-
-    params: Any
-    window_a: np.ndarray  # max |w|² over updates [M/4, M/2)
-    window_b: np.ndarray  # max |w|² over updates [3M/4, M)
-
-
-class ScanExecutor:
-    """Executes traces of one-gradient updates as one compiled ``lax.scan`` (DESIGN.md replay).
-
-    Built from a scenario (model, data, seed, batch size, optimizer); ``num_learners`` sizes
-    shifted momentum's per-learner buffers (the largest τ + 1 when several traces share one
-    program). :meth:`run` executes ``T`` traces of equal length × ``K`` learning rates:
-
-    * a ring buffer of ``ring`` parameter versions (``ring ≥ S + 1``): version ``v`` lives in
-      slot ``v mod ring``; the write slot ``(v + 1) mod ring`` is the same for every lane, so
-      it is a plain dynamic-update-slice, and only the read is a per-trace gather;
-    * gradient of the version read, on the mini-batch ``batch_indices(seed, learner, batch)``
-      exactly as :class:`asyncsim.engine.Numerics` computes it;
-    * one :func:`asyncsim.core.make_core` ``apply`` per update, the lane's rate in
-      ``state.hyper["lr"]``.
-
-    Compiled once per (T, K, M, ring): later calls with new rates or traces of the same shape
-    reuse the program.
-    """
-
-    def __init__(self, scn: Scenario, *, num_learners: int | None = None,
-                 numerics: Numerics | None = None):
-        num = numerics or numerics_for(scn)
-        self.scn = scn
-        self.num = num
-        self.num_learners = int(num_learners or scn.cluster.learners)
-        self.core = make_core(scn.optimizer, num_learners=self.num_learners,
-                              updates_per_epoch=num.upe)
-        self.params0 = num.init_params()
-        self._compiled: dict[Any, Any] = {}
-
-    def _build(self, ring: int, steps: int):
-        core, vg = self.core, grad_fn(self.num.model)
-        seed, mu, n = self.num.seed, self.num.mu, self.num.n_train
-        x_all, y_all, params0 = self.num.x_train, self.num.y_train, self.params0
-        tm = jax.tree_util.tree_map
-        q1, q2, q3 = steps // 4, steps // 2, (3 * steps) // 4
-
-        def one(lr, read, stale, learner, batch, versions):
-            state = core.init(params0, lr=lr)
-            ring_buf = tm(lambda p: jnp.broadcast_to(p, (ring, *p.shape)), params0)
-
-            def step(carry, xs):
-                state, ring_buf, wa, wb = carry
-                v, r, s, k, b = xs
-                p_read = tm(lambda a: jax.lax.dynamic_index_in_dim(a, r % ring, 0, False),
-                            ring_buf)
-                idx = batch_indices(seed, k, b, mu, n)
-                _, g = vg(p_read, x_all[idx], y_all[idx])
-                state = core.apply(state, tm(lambda a: a[None], g), staleness=s[None],
-                                   learner_ids=k[None], step=v)
-                ring_buf = tm(lambda a, p: jax.lax.dynamic_update_index_in_dim(
-                    a, p, (v + 1) % ring, 0), ring_buf, state.params)
-                sq = sum(jnp.sum(jnp.square(p)) for p in jax.tree_util.tree_leaves(state.params))
-                # NaN must win the max (a diverged lane), hence jnp.maximum, not fmax.
-                wa = jnp.where((v >= q1) & (v < q2), jnp.maximum(wa, sq), wa)
-                wb = jnp.where(v >= q3, jnp.maximum(wb, sq), wb)
-                return (state, ring_buf, wa, wb), None
-
-            zero = jnp.zeros((), jnp.float32)
-            (state, _, wa, wb), _ = jax.lax.scan(
-                step, (state, ring_buf, zero, zero), (versions, read, stale, learner, batch))
-            return state.params, wa, wb
-
-        over_lr = jax.vmap(one, in_axes=(0, None, None, None, None, None))
-        over_traces = jax.vmap(over_lr, in_axes=(0, 0, 0, 0, 0, None))
-        return jax.jit(over_traces)
-
-    def run(self, lrs, traces: Sequence[Trace] | Trace, *, ring: int | None = None) -> ScanResult:
-        """Run every trace with every learning rate in ``lrs`` (one compiled program).
-
-        Args:
-            lrs: ``[K]`` raw learning rates η (the core's ``hyper["lr"]``) shared by every
-                trace, or ``[T, K]``: a grid per trace.
-            traces: one trace or ``T`` traces with the same number of updates.
-            ring: ring-buffer size; default ``max staleness + 1`` over the traces.
-
-        Returns:
-            :class:`ScanResult` with leading axes ``[T, K]``.
-        """
-        traces = [traces] if isinstance(traces, Trace) else list(traces)
-        arrs = [_trace_arrays(t) for t in traces]
-        steps = {a["read"].size for a in arrs}
-        if len(steps) != 1:
-            raise ValueError(f"traces must have equal numbers of updates, got {sorted(steps)}")
-        (m,) = steps
-        s_max = max(int(a["stale"].max(initial=0)) for a in arrs)
-        ring = s_max + 1 if ring is None else int(ring)
-        if ring < s_max + 1:
-            raise ValueError(f"ring = {ring} < max staleness + 1 = {s_max + 1}")
-        key = (ring, m)
-        if key not in self._compiled:
-            self._compiled[key] = self._build(ring, m)
-        stacked = {k: jnp.asarray(np.stack([a[k] for a in arrs])) for k in arrs[0]}
-        lrs = np.asarray(lrs, np.float32)
-        lrs = np.broadcast_to(lrs, (len(arrs), lrs.shape[-1]))
-        params, wa, wb = self._compiled[key](
-            jnp.asarray(lrs), stacked["read"], stacked["stale"],
-            stacked["learner"], stacked["batch"], jnp.arange(m, dtype=jnp.int32))
-        return ScanResult(params, np.asarray(wa), np.asarray(wb))
-
-
-def scan_replay(scn: Scenario, trace: Trace, *, hyper: dict[str, float] | None = None):
-    """Final parameters of ``trace`` under ``scn`` by the scan path (cf. ``replay``).
-
-    Only ``hyper["lr"]`` may differ from the scenario (β and weight decay come from it).
-    """
-    hyper = dict(hyper or {})
-    lr = hyper.pop("lr", scn.optimizer.lr)
-    if hyper:
-        raise ValueError(f"scan_replay overrides lr only, got {sorted(hyper)}")
-    res = ScanExecutor(scn).run([lr], trace)
-    return jax.tree_util.tree_map(lambda a: a[0, 0], res.params)
+# ------------------------------------------------------------------------------ executing
+def growth(traces: Sequence[Trace], scn: Scenario, lrs: np.ndarray,
+           numerics: Numerics | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Windows A and B (module docstring) of every trace under every rate of ``lrs`` ([T, K]),
+    by the compiled-chunk executor (:func:`asyncsim.drivers.scan.growth_windows`): the
+    protocol's traces, the scenario's update core, one program for all T x K runs."""
+    m = traces[0].num_updates
+    q = (m // 4, m // 2, (3 * m) // 4)
+    return growth_windows(numerics or numerics_for(scn), traces, lrs, growth=q)
 
 
 def stable_mask(window_a: np.ndarray, window_b: np.ndarray, *, noise: bool = False) -> np.ndarray:
@@ -316,18 +184,18 @@ def _search(measure, n_lr: int, rel_tol: float, x_lo: float, x_hi: float,
 
 
 class _Measure:
-    """``xs [T, K] -> stable [T, K]``: one call of the scan executor over T traces, rates x/λ."""
+    """``xs [T, K] -> stable [T, K]``: one call of the executor over T traces, rates x/λ."""
 
-    def __init__(self, executor: ScanExecutor, traces: list[Trace], eigenvalue: float,
+    def __init__(self, num: Numerics, scn: Scenario, traces: list[Trace], eigenvalue: float,
                  noise: bool):
-        self.ex, self.traces, self.lam, self.noise = executor, traces, eigenvalue, noise
+        self.num, self.scn, self.traces, self.lam, self.noise = num, scn, traces, eigenvalue, noise
         self.n_problems = len(traces)
         self.calls = 0
 
     def __call__(self, xs: np.ndarray) -> np.ndarray:
         self.calls += 1
-        r = self.ex.run(xs / self.lam, self.traces)
-        return stable_mask(r.window_a, r.window_b, noise=self.noise)
+        wa, wb = growth(self.traces, self.scn, np.asarray(xs) / self.lam, self.num)
+        return stable_mask(wa, wb, noise=self.noise)
 
 
 def find_edge(tau: int, momentum: str = "none", beta: float = 0.0, *,
@@ -337,7 +205,7 @@ def find_edge(tau: int, momentum: str = "none", beta: float = 0.0, *,
     """Largest stable ``η·λ`` at delay τ, measured by simulation (P2, Sec. 3).
 
     Simulates the fixed-delay scenario (:func:`quadratic_scenario`), runs its trace for a
-    grid of ``n_lr`` learning rates in one vmapped scan (:class:`ScanExecutor`), and refines
+    grid of ``n_lr`` learning rates in one vmapped program (:func:`growth`), and refines
     the bracket [last stable, first unstable] on linear grids until its relative width is
     below ``rel_tol``. For ``schedule = "round-robin"`` this reproduces
     :func:`asyncsim.stability.edge` (``2 sin(π/(4τ+2))`` for plain SGD); for ``random`` and
@@ -384,9 +252,11 @@ def edges_of_traces(scn: Scenario, traces: Sequence[Trace], *, n_lr: int = 256,
     if len(lam) != 1:
         raise ValueError("edges_of_traces needs a one-dimensional quadratic (one eigenvalue)")
     n_workers = max(int(t.grads["learner"].max(initial=0)) + 1 for t in traces)
-    ex = ScanExecutor(scn, num_learners=max(n_workers, scn.cluster.learners))
+    # Shifted momentum keeps one buffer per worker: size the core for the most workers.
+    scn = dataclasses.replace(scn, cluster=dataclasses.replace(
+        scn.cluster, learners=max(n_workers, scn.cluster.learners)))
     noise = float(scn.model.options.get("noise", 0.0)) > 0
-    measure = _Measure(ex, list(traces), float(lam[0]), noise)
+    measure = _Measure(numerics_for(scn), scn, list(traces), float(lam[0]), noise)
     return _search(measure, n_lr, rel_tol, _X_LO, _X_HI)
 
 
