@@ -10,13 +10,15 @@ import textwrap
 import tomllib
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # figures are files; never open a window (CI, headless servers)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from asyncsim.runs import scenario_toml
+from asyncsim.scenario import load_scenario, point_scenarios
 
+# The repository when this package runs from a checkout (analysis/ beside scenarios/); from
+# an installed wheel the scenario files are not there, and captions say so.
 REPO = Path(__file__).resolve().parent.parent
 RULE_LABEL = {"constant": "α = α0", "inverse-staleness": "α = α0/τ",
               "inverse-mean-staleness": "α = α0/⟨τ⟩", "stability-edge": "stability edge"}
@@ -114,10 +116,6 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
     with each folder's ``scenario.toml``); otherwise ``"scenario: FILE (modified: ...)"``,
     e.g. when the runs used ``--set`` or the file was edited after them. So a caption never
     claims that a committed scenario regenerates a figure unless it does."""
-    from asyncsim.runs import scenario_toml
-    from asyncsim.scenario import load_scenario
-    from asyncsim.sweep import plan
-
     path = Path(scenario_file)
     if not path.exists() and not path.is_absolute():
         path = REPO / scenario_file
@@ -126,12 +124,11 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
     recorded = {f.name: sc for f, sc in zip(folders, scns, strict=True)}
     for profile in ("default", "smoke", "paper"):
         try:
-            planned = plan(load_scenario(path, profile=profile))
+            planned = point_scenarios(load_scenario(path, profile=profile, validate=False))
         except (ValueError, OSError):  # ScenarioError: an edited file no longer loads
             continue
         # Each point as write_scenario would record it, read back like the recorded ones.
-        resolved = {item["point"]: tomllib.loads(scenario_toml(item["scenario"]))
-                    for item in planned}
+        resolved = {name: tomllib.loads(scenario_toml(s)) for name, _, s in planned}
         if len(recorded) == 1 and len(resolved) == 1:  # a single run: any folder name
             resolved = dict(zip(recorded, resolved.values(), strict=True))
         if all(resolved.get(k) == v for k, v in recorded.items()):

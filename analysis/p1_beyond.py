@@ -1,15 +1,14 @@
 """Beyond P1: each run's outcome against (per-gradient rate x initial sharpness) / the delayed
 heavy-ball edge, for alpha0 and alpha0/tau; and the start-up burst of alpha0/tau with and
-without a warm-up.
+without a warm-up. Reads run folders only.
 
 x = a * lambda_max(theta_0) / edge(tau, "heavy-ball", beta) with a = alpha0 (constant rule) or
 alpha0 / tau (inverse-staleness), tau = round(mean staleness of the run) and
 edge(0) = 2 (1 + beta) for hardsync. lambda_max is the top Hessian eigenvalue of the training
-loss (without weight decay) at the run's initial weights on the first ``[figure]
-sharpness_samples`` training samples (power iteration, asyncsim.sharpness). It is computed
-here from the run's resolved scenario (model, data, seed): a deterministic function of the
-initial weights, not a simulation. Linear theory says x < 1 is stable at the initial
-weights.
+loss (without weight decay) at the run's initial weights on the first
+``measure.sharpness_samples`` training samples (power iteration), as each run measured it
+(``[measure] initial_sharpness``: ``summary.json`` ``initial_sharpness``). Linear theory says
+x < 1 is stable at the initial weights.
 
 Outputs: ``NAME.png`` (left: final test error vs x, diverged runs drawn at 1.0 with x
 markers; right: start-up, peak mini-batch loss over the first 2 lambda updates and final test
@@ -19,54 +18,27 @@ error vs alpha0 for alpha0/tau with warm-up 0 / lambda / 10 lambda updates), ``N
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load_points, save  # noqa: E402
+from asyncsim.stability.closed_form import edge
+
+from ._common import load_points, save  # noqa: E402
 
 NAME = "p1_beyond"
 
 
-def initial_sharpness(scn: dict, samples: int) -> float:
-    """lambda_max of the training loss at the run's initial weights (see module docstring)."""
-    import jax
-
-    from asyncsim.data import get_dataset
-    from asyncsim.engine import _INIT_TAG
-    from asyncsim.models import get_model
-    from asyncsim.sharpness import sharpness
-
-    model_opts = {k: v for k, v in scn["model"].items() if k != "name"}
-    data_opts = {k: v for k, v in scn["data"].items() if k not in ("name", "batch_size")}
-    model = get_model(scn["model"]["name"], **model_opts)
-    data = get_dataset(scn["data"]["name"], seed=scn.get("seed", 0), **data_opts)
-    params = model.init(jax.random.fold_in(jax.random.PRNGKey(scn.get("seed", 0)), _INIT_TAG))
-    x, y = data.x_train[:samples], data.y_train[:samples]
-    return float(sharpness(model, params, jax.numpy.asarray(x), jax.numpy.asarray(y),
-                           max_iter=100, tol=1e-4))
-
-
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    from asyncsim.stability import edge
-
     points = load_points(Path(sweep_dir))
     if points.empty:
         raise FileNotFoundError(f"{sweep_dir}: no complete runs")
-    scn0 = points["scenario"].iloc[0]
-    samples = int(scn0.get("figure", {}).get("sharpness_samples", 256))
-    cache: dict = {}
     rows = []
     for _, p in points.iterrows():
         scn, s = p["scenario"], p["summary"]
-        key = (p["seed"], repr(scn["model"]), repr(scn["data"]))
-        if key not in cache:  # one initial sharpness per (seed, model, data)
-            cache[key] = initial_sharpness(scn, samples)
-        lam_max = cache[key]
+        lam_max = float(s["initial_sharpness"])  # measured by the run ([measure])
         beta = float(scn["optimizer"].get("momentum", {}).get("beta", 0.9))
         kind = scn["optimizer"].get("momentum", {}).get("kind", "none")
         tau = 0 if p["protocol"] == "hardsync" else int(round(s.get("staleness_mean") or 0))

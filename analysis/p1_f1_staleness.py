@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from pathlib import Path
 
@@ -15,8 +14,7 @@ import pandas as pd  # noqa: E402
 
 from asyncsim.trace import Trace  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_caption, finished_points  # noqa: E402
+from ._common import add_caption, finished_points  # noqa: E402
 
 NAME = "p1_f1_staleness"
 

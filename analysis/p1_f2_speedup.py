@@ -13,15 +13,13 @@ to target, simulated time per epoch, speedup, seeds).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load_points, read_eval, save  # noqa: E402
+from ._common import load_points, read_eval, save  # noqa: E402
 
 NAME = "p1_f2_speedup"
 

@@ -15,15 +15,13 @@ the left column is the training loss (P1 plots training error).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RULE_LABEL, load_points, read_eval, save, setup_label  # noqa: E402
+from ._common import RULE_LABEL, load_points, read_eval, save, setup_label  # noqa: E402
 
 NAME = "p1_f3_lr_modulation"
 RULES = ("constant", "inverse-staleness")

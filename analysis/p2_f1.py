@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import tomllib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import finished_points, save  # noqa: E402  (matplotlib set to Agg there)
+from ._common import finished_points, save  # noqa: E402
 
 NAME = "p2_f1"
 RULES = {"constant": "η = η0 (constant)", "stability-edge": "η_τ = η0 sin(π/(4τ+2))"}

@@ -1,71 +1,49 @@
 """P2-F2: the stability edge vs delay τ (Giladi et al. 2020), closed form vs measured.
 
-Quadratic points: reads the trace-only sweep of ``scenarios/p2_f2.toml``: each point's saved
-fixed-delay trace (no timing is re-simulated) is executed for a grid of learning rates by
-the vmapped scan executor of :mod:`asyncsim.edges` (one compiled program per schedule,
-refined to 1e-3), and the measured edge ``η·λ`` is plotted against τ with P2's closed form
-``2 sin(π/(4τ+2))`` and the asymptote ``π/(2τ+1)``.
+Quadratic points: the trace-only sweep of ``scenarios/p2_f2.toml`` measured each point's
+fixed-delay trace for a grid of learning rates (``[measure] edges``; the sweep folder's
+``edges.csv``, written by :func:`asyncsim.stability.measure.sweep_edges`: one compiled
+program per schedule, the edge refined to 1e-3), and the measured edge ``η·λ`` is plotted
+against τ with P2's closed form ``2 sin(π/(4τ+2))`` and the asymptote ``π/(2τ+1)``.
 
 Network points (when P2-F4's sweep exists next to this one, ``figure.network_sweep``):
 ``η·λ_max`` of the final parameters of every P2-F4 run that did not diverge (η = η0 or
-η_τ), and, right panel, the sharpness trajectory of the runs in ``figure.trajectories``:
-each run's saved trace is replayed through the shared update core (bit-identical to the
-run, checked by ``param_hash``) with λ_max measured every ``updates / trajectory_points``
-updates, against its delayed edge ``2 sin(π/(4τ+2))/η``.
+η_τ; what those runs measured, :mod:`analysis.p2_f4`), and, right panel, the sharpness
+trajectory of the runs in ``figure.trajectories``, as they measured it along the way
+(``measure.sharpness_points``; their ``sharpness.csv``), against the delayed edge
+``2 sin(π/(4τ+2))/η``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import math
-import sys
 import tomllib
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from asyncsim.stability.closed_form import asymptote, edge
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_caption, finished_points, model_label  # noqa: E402
+from . import p2_f4
+from ._common import add_caption, model_label
 
 NAME = "p2_f2"
-
-
-def _sweep_scenarios(sweep_dir: Path):
-    from asyncsim.scenario import load_scenario
-    from asyncsim.trace import Trace
-
-    out = []
-    for folder in finished_points(sweep_dir):
-        scn = load_scenario(tomllib.loads((folder / "scenario.toml").read_text()))
-        out.append((scn, Trace.load(folder)))
-    return out
+EDGES, SHARPNESS = "edges.csv", "sharpness.csv"  # asyncsim.stability.measure's files
 
 
 def measured(sweep_dir: Path) -> pd.DataFrame:
-    """tau, schedule, closed_form, measured, rel_error, staleness_mean for every point."""
-    from asyncsim.edges import edges_of_traces
-    from asyncsim.stability import edge
-
-    items = _sweep_scenarios(sweep_dir)
-    rows = []
-    for sched in dict.fromkeys(s.protocol.schedule for s, _ in items):
-        group = [(s, t) for s, t in items if s.protocol.schedule == sched]
-        big = max(group, key=lambda st: st[0].protocol.tau)[0]
-        meas = edges_of_traces(big, [t for _, t in group])
-        for (s, t), m in zip(group, meas, strict=True):
-            tau = int(s.protocol.tau)
-            cf = float(edge(tau))
-            rows.append({"tau": tau, "schedule": sched, "closed_form": cf,
-                         "measured": float(m), "rel_error": float(m / cf - 1),
-                         "staleness_mean": float(t.staleness.mean()),
-                         "staleness_max": int(t.staleness.max())})
-    return pd.DataFrame(rows).sort_values(["schedule", "tau"]).reset_index(drop=True)
+    """tau, schedule, closed_form, measured, rel_error, staleness_mean, staleness_max for
+    every point, from the sweep's ``edges.csv``."""
+    path = Path(sweep_dir) / EDGES
+    if not path.exists():
+        raise FileNotFoundError(f"{sweep_dir}: no {EDGES}; run the sweep (its [measure] "
+                                "edges writes it once every point is complete)")
+    df = pd.read_csv(path)
+    df["rel_error"] = df["measured"] / df["closed_form"] - 1
+    cols = ["tau", "schedule", "closed_form", "measured", "rel_error", "staleness_mean",
+            "staleness_max"]
+    return df[cols].sort_values(["schedule", "tau"]).reset_index(drop=True)
 
 
 def _figure_cfg(sweep_dir: Path) -> dict:
@@ -88,79 +66,28 @@ def network_dir(sweep_dir: Path) -> Path | None:
     return net if (net / "index.csv").exists() else None
 
 
-@functools.cache
-def _load_f4():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "asyncsim_analysis_p2_f4_for_f2", Path(__file__).resolve().parent / "p2_f4.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def network_points(sweep_dir: Path) -> pd.DataFrame:
     """η·λ_max of every P2-F4 run that did not diverge, η the rate in effect at delay τ
-    (η0, or η_τ with the stability-edge rule); empty when that sweep was not run. Measured
-    by ``analysis/p2_f4.py``'s :func:`points` (the same numbers as ``p2_f4.csv``)."""
+    (η0, or η_τ with the stability-edge rule); empty when that sweep was not run (the same
+    numbers as ``p2_f4.csv``)."""
     net = network_dir(sweep_dir)
     if net is None:
         return pd.DataFrame()
-    df = _load_f4().points(net)
+    df = p2_f4.points(net)
     return df[~df["diverged"]].copy()
 
 
-def trajectory(folder: Path, *, n_points: int = 40, samples: int | None = None,
-               lanczos_steps: int = 30) -> pd.DataFrame:
-    """Sharpness along a finished run: replays its saved trace through the shared core.
-
-    Loads the run folder's scenario and trace, executes every update with
-    :meth:`asyncsim.engine.Numerics.update` (the call the online driver and replay make,
-    so the parameters are bit-identical to the run's: the final ``param_hash`` is checked
-    against ``summary.json``), and every ``updates / n_points`` updates measures λ_max of the
-    mean loss on the first ``samples`` training examples (default: the figure's
-    ``sharpness_samples``) by ``lanczos_steps``-step Lanczos (residual tol 1e-4;
-    :func:`asyncsim.sharpness.sharpness`'s algorithm with a cached HVP).
-
-    Returns:
-        DataFrame: update, sharpness, train_loss (on the sharpness set), eta, tau, lr_rule,
-        edge (2 sin(π/(4τ+2))), bound (edge/η), eta_lambda (η·λ_max).
-    """
-    from asyncsim.engine import Numerics
-    from asyncsim.replayer import replay
-    from asyncsim.scenario import load_scenario
-    from asyncsim.trace import Trace
-
-    f4 = _load_f4()
-    folder = Path(folder)
-    scn = load_scenario(tomllib.loads((folder / "scenario.toml").read_text()))
-    summary = json.loads((folder / "summary.json").read_text())
-    trace = Trace.load(folder)
-    num = Numerics(scn)
-    n = int(samples or scn.figure.get("sharpness_samples", 1024))
-    xs, ys = num.x_train[:n], num.y_train[:n]
-    tau, rule = int(scn.protocol.tau), scn.optimizer.lr_rule
-    eta = float(f4.eta_of(scn.optimizer.lr, tau, rule))
-    edge = 2 * math.sin(math.pi / (4 * tau + 2))
-    every = max(1, trace.num_updates // n_points)
-    rows = []
-
-    def log(v, params):
-        loss = float(num.model.loss(params, xs, ys))
-        sh = (f4.lambda_max(num.model, params, xs, ys, method="lanczos",
-                            max_iter=lanczos_steps, tol=1e-4)
-              if math.isfinite(loss) else math.nan)
-        rows.append({"update": v, "sharpness": sh, "train_loss": loss, "eta": eta, "tau": tau,
-                     "lr_rule": rule, "edge": edge, "bound": edge / eta,
-                     "eta_lambda": eta * sh})
-
-    log(0, num.init_params())
-    # The run's own trace through the shared replay: bit-identical to the run.
-    res = replay(scn, trace, numerics=num, observe=lambda v, st: log(v, st.params),
-                 observe_every=every)
-    if not summary.get("diverged") and res.summary["param_hash"] != summary.get("param_hash"):
-        raise RuntimeError(f"{folder}: replayed parameters differ from the run's param_hash")
-    return pd.DataFrame(rows)
+def trajectory(folder: Path) -> pd.DataFrame:
+    """The sharpness a P2-F4 run measured along the way (its ``sharpness.csv``): update,
+    sharpness, train_loss (on the sharpness set), eta, tau, lr_rule, edge
+    (2 sin(π/(4τ+2))), bound (edge/η), eta_lambda (η·λ_max)."""
+    path = Path(folder) / SHARPNESS
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no {SHARPNESS}; its scenario measures no "
+                                "sharpness along the run (measure.sharpness_points)")
+    df = pd.read_csv(path).rename(columns={"lr": "eta"})
+    return df[["update", "sharpness", "train_loss", "eta", "tau", "lr_rule", "edge", "bound",
+               "eta_lambda"]]
 
 
 def network_trajectories(sweep_dir: Path) -> pd.DataFrame:
@@ -169,20 +96,16 @@ def network_trajectories(sweep_dir: Path) -> pd.DataFrame:
     cfg = _figure_cfg(sweep_dir)
     if net is None or not cfg.get("trajectories"):
         return pd.DataFrame()
-    f4 = _load_f4().points(net, measure_sharpness=False)
+    f4 = p2_f4.points(net)
     frames = []
     for tau, rule in cfg["trajectories"]:
         hit = f4[(f4["tau"] == int(tau)) & (f4["lr_rule"] == rule) & ~f4["diverged"]]
-        if hit.empty:
-            continue
-        frames.append(trajectory(Path(hit["folder"].iloc[0]),
-                                 n_points=int(cfg.get("trajectory_points", 40))))
+        if not hit.empty:
+            frames.append(trajectory(Path(hit["folder"].iloc[0])))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    from asyncsim.stability import asymptote, edge
-
     df = measured(sweep_dir)
     net = network_points(sweep_dir)
     traj = network_trajectories(sweep_dir)
@@ -251,8 +174,9 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     fig.tight_layout()
     net_dir = network_dir(sweep_dir) if not net.empty else None
     add_caption(fig, sweep_dir, *([net_dir] if net_dir is not None else []),
-                note=f"Quadratic points: each run's trace executed by asyncsim.edges (delayed GD "
-                     f"on the {model_label(sweep_dir)} model, edge bisected)."
+                note="Quadratic points: each run's trace executed by "
+                     "asyncsim.stability.measured (delayed GD on the "
+                     f"{model_label(sweep_dir)} model, edge bisected)."
                      + (" MLP points: the P2-F4 runs (after |)." if net_dir
                         else ""))
     png = out_dir / f"{NAME}.png"

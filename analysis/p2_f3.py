@@ -1,64 +1,49 @@
 """P2-F3: momentum under delay (Giladi et al. 2020) — edge vs τ per momentum kind.
 
-Reads the trace-only sweep of ``scenarios/p2_f3.toml`` (saved round-robin traces, nothing
-re-simulated). For each momentum kind of ``figure.momenta`` at ``figure.beta`` the traces are
-executed by the vmapped scan executor of :mod:`asyncsim.edges` with that optimizer and the
-measured edges are drawn as points over the closed forms of :mod:`asyncsim.stability`.
-Left: the raw edge η·λ. Right: the effective edge (η/(1−β) for heavy ball and shifted;
-dampened is already effective), P2's scale for comparing the kinds.
+Reads the trace-only sweep of ``scenarios/p2_f3.toml``: its ``[measure] edges`` measured
+every saved round-robin trace under each momentum kind of ``measure.edge_momenta`` at the
+scenario's β (the sweep folder's ``edges.csv``, :func:`asyncsim.stability.measure.sweep_edges`)
+and the figure draws the measured edges as points over the closed forms of
+:mod:`asyncsim.stability.closed_form`. Left: the raw edge η·λ. Right: the effective edge
+(η/(1−β) for heavy ball and shifted; dampened is already effective), P2's scale for
+comparing the kinds.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import sys
-import tomllib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import finished_points, model_label, save  # noqa: E402  (matplotlib set to Agg there)
+from asyncsim.stability.closed_form import edge, effective_edge
+
+from ._common import model_label, save
 
 NAME = "p2_f3"
 
 
 def measured(sweep_dir: Path) -> pd.DataFrame:
-    from asyncsim.config import MomentumConfig
-    from asyncsim.edges import edges_of_traces
-    from asyncsim.scenario import load_scenario
-    from asyncsim.stability import edge, effective_edge
-    from asyncsim.trace import Trace
-
-    items = []
-    for folder in finished_points(sweep_dir):
-        scn = load_scenario(tomllib.loads((folder / "scenario.toml").read_text()))
-        items.append((scn, Trace.load(folder)))
-    items.sort(key=lambda st: st[0].protocol.tau)
-    big = items[-1][0]
-    momenta = big.figure.get("momenta", ["none", "heavy-ball", "dampened", "shifted"])
-    beta = float(big.figure.get("beta", 0.9))
+    """tau, momentum, beta, closed_form, measured, rel_error, effective_closed_form,
+    effective_measured per (trace, momentum kind), from the sweep's ``edges.csv``."""
+    path = Path(sweep_dir) / "edges.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{sweep_dir}: no edges.csv; run the sweep (its [measure] "
+                                "edges writes it once every point is complete)")
     rows = []
-    for kind in momenta:
-        b = 0.0 if kind == "none" else beta
-        opt = dataclasses.replace(big.optimizer, momentum=MomentumConfig(kind=kind, beta=b))
-        meas = edges_of_traces(dataclasses.replace(big, optimizer=opt), [t for _, t in items])
-        for (s, _), m in zip(items, meas, strict=True):
-            tau = int(s.protocol.tau)
-            cf = float(edge(tau, kind, b))
-            scale = cf / float(effective_edge(tau, kind, b))
-            rows.append({"tau": tau, "momentum": kind, "beta": b, "closed_form": cf,
-                         "measured": float(m), "rel_error": float(m / cf - 1),
-                         "effective_closed_form": cf / scale,
-                         "effective_measured": float(m) / scale})
+    for r in pd.read_csv(path).itertuples():
+        tau, kind, b = int(r.tau), r.momentum, float(r.beta)
+        cf = float(edge(tau, kind, b))
+        scale = cf / float(effective_edge(tau, kind, b))
+        rows.append({"tau": tau, "momentum": kind, "beta": b, "closed_form": cf,
+                     "measured": float(r.measured), "rel_error": float(r.measured / cf - 1),
+                     "effective_closed_form": cf / scale,
+                     "effective_measured": float(r.measured) / scale})
     return pd.DataFrame(rows)
 
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    from asyncsim.stability import edge, effective_edge
-
     df = measured(sweep_dir)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), dpi=90)
     t = np.arange(0, int(df["tau"].max()) + 1)
@@ -77,6 +62,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     fig.suptitle("P2-F3 momentum under delay (quadratic, round robin)", fontsize=9)
     fig.tight_layout()
     return save(fig, df, out_dir, NAME, sources=(sweep_dir,),
-                note=f"Measured: each run's trace executed by asyncsim.edges (delayed GD, "
+                note=f"Measured: each run's trace executed by asyncsim.stability.measured "
+                     f"(delayed GD, "
                      f"momentum β = {df['beta'].max():g}) on the {model_label(sweep_dir)} "
                      "model, edge bisected.")

@@ -6,7 +6,6 @@ Reads one run folder (``eval.csv``, the trace, ``summary.json``); never reruns a
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from pathlib import Path
 
@@ -18,8 +17,7 @@ import pandas as pd  # noqa: E402
 
 from asyncsim.trace import Trace  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_caption  # noqa: E402
+from ._common import add_caption  # noqa: E402
 
 NAME = "quickstart"
 

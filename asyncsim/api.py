@@ -22,19 +22,43 @@ import numpy as np
 from asyncsim import runs
 from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, to_dict
+from asyncsim.drivers import online
+from asyncsim.drivers import replay as loop
 from asyncsim.drivers.choose import choose_path
 from asyncsim.drivers.driver import RunResult, load_params
-from asyncsim.drivers.online import run
 from asyncsim.drivers.plugins import registries as _registries
-from asyncsim.drivers.replay import replay
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
+from asyncsim.stability.measure import monitor_for
 from asyncsim.trace import Trace
 
 __all__ = ["TraceResult", "compare_with_source", "registries", "replay", "replay_folder",
            "run", "simulate", "trace_fixed_changes", "trace_run"]
+
+
+def run(scn: Scenario, **kw: Any) -> RunResult:
+    """Simulate ``scn`` with real gradients (the online driver,
+    :func:`asyncsim.drivers.online.run`, which takes the same keywords: ``out``, ``resume``,
+    ``force``, ``progress``, ...) and measure what its ``[measure]`` table asks for
+    (:mod:`asyncsim.stability.measure`), stored with the run.
+
+    Returns:
+        A :class:`~asyncsim.drivers.driver.RunResult`; ``summary`` has the trace figures
+        plus ``final_test_error``, ``diverged``, ``diverged_at``, ``param_hash``,
+        ``wall_time`` and the measurements.
+    """
+    kw.setdefault("monitor", monitor_for(scn))
+    return online.run(scn, **kw)
+
+
+def replay(scn: Scenario, trace: Trace, **kw: Any) -> RunResult:
+    """Re-execute ``trace``'s numerics under ``scn`` with no event loop, bit-identical to the
+    online run that recorded it (:func:`asyncsim.drivers.replay.replay`, same keywords:
+    ``out``, ``hyper``, ``max_memory``, ...), measuring what ``[measure]`` asks for."""
+    kw.setdefault("monitor", monitor_for(scn))
+    return loop.replay(scn, trace, **kw)
 
 
 def registries() -> dict[str, PluginRegistry]:
@@ -112,7 +136,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
                             f"update; this trace's updates take {counts.min()} to "
                             f"{counts.max()}: use --path loop (or auto)", file="asyncsim replay")
     if path == "scan":
-        result = replay_scan(scn, trace, out=out, force=force)
+        result = replay_scan(scn, trace, out=out, force=force, monitor=monitor_for(scn))
     elif path == "loop":
         result = replay(scn, trace, out=out, force=force, progress=progress)
     else:

@@ -142,6 +142,27 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class MeasureConfig:
+    """What a run measures for its figures, stored in its folder (the figures read it there
+    and never rerun numerics; asyncsim.stability.measure)."""
+
+    # Training samples (the first ones) whose mean loss the sharpness is measured on.
+    sharpness_samples: int = 1024
+    # lambda_max at the initial weights -> summary.json initial_sharpness (power iteration).
+    initial_sharpness: bool = False
+    # lambda_max of the final weights -> summary.json final_sharpness (P2's power iteration)
+    # and final_sharpness_lanczos (a check when the top eigenvalues are close).
+    final_sharpness: bool = False
+    # lambda_max this many times along the run (every updates // points) -> sharpness.csv.
+    sharpness_points: int = 0
+    # A sweep of fixed-delay traces on a one-dimensional quadratic: the measured stability
+    # edge of every trace -> the sweep folder's edges.csv, under each momentum kind of
+    # edge_momenta (default: the scenario's).
+    edges: bool = False
+    edge_momenta: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str = "scenario"
     description: str = ""
@@ -152,6 +173,7 @@ class Scenario:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     # Sweep grids: {"optimizer.lr" = [0.1, 0.01], ...}; the cartesian product is run.
     sweep: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     # Free-form settings for analysis/ (figure name, panels, labels).

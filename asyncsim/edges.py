@@ -5,4 +5,4 @@ Kept importing, with a DeprecationWarning, for one release.
 
 from asyncsim._moved import forward
 
-forward(__name__, ("asyncsim.stability.measured",), globals())
+forward(__name__, ("asyncsim.stability.measured", "asyncsim.stability.measure"), globals())

@@ -1,7 +1,7 @@
 """``asyncsim figures``: draw paper figures from existing run folders only.
 
 Each figure has one scenario ``scenarios/NAME.toml`` (a sweep with ``[figure] name = NAME``)
-and one module ``analysis/NAME.py`` exposing::
+and one module ``analysis/NAME.py`` (installed as ``asyncsim.analysis.NAME``) exposing::
 
     def draw(sweep_dir: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path]
 
@@ -12,39 +12,35 @@ figure live in ``runs/NAME`` (``runs/NAME-smoke`` etc. for other profiles).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import pkgutil
 from pathlib import Path
 from types import ModuleType
 
+from asyncsim import runs
 from asyncsim.errors import ScenarioError, did_you_mean
-
-REPO = Path(__file__).resolve().parent.parent
-ANALYSIS = REPO / "analysis"
 
 
 def drawable_figures() -> list[str]:
-    """Every figure name ``asyncsim figures NAME`` and ``[figure] name`` accept: the
-    modules of analysis/ (those starting with ``_`` are shared helpers)."""
-    if not ANALYSIS.is_dir():
-        return []
-    return sorted(p.stem for p in ANALYSIS.glob("[!_]*.py"))
+    """Every figure name ``asyncsim figures NAME`` and ``[figure] name`` accept: the modules
+    of the figure package ``asyncsim.analysis`` (the repository's ``analysis/``; names
+    starting with ``_`` are shared helpers). Only these names are ever imported: a name
+    read from a scenario file or a run folder never reaches a file path."""
+    package = importlib.import_module("asyncsim.analysis")
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
+                  if not m.name.startswith("_"))
 
 
 def load_analysis(name: str) -> ModuleType:
-    path = ANALYSIS / f"{name}.py"
-    if not path.exists():
-        raise ScenarioError("figure.name", f"no analysis/{name}.py; figures: "
-                            f"{', '.join(drawable_figures()) or '(none)'}")
-    spec = importlib.util.spec_from_file_location(f"asyncsim_analysis_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    drawable = drawable_figures()
+    if name not in drawable:
+        raise ScenarioError("figure.name", f"unknown figure {name!r}; figures: "
+                            f"{', '.join(drawable) or '(none)'}{did_you_mean(name, drawable)}")
+    return importlib.import_module(f"asyncsim.analysis.{name}")
 
 
 def sweep_dir(name: str, runs_dir: str | Path = "runs", profile: str | None = None) -> Path:
-    suffix = "" if profile in (None, "default") else f"-{profile}"
-    return Path(runs_dir) / f"{name}{suffix}"
+    return runs.sweep_out(name, profile, runs_dir)
 
 
 def figure_runs(name: str, runs_dir: str | Path = "runs",

@@ -7,7 +7,7 @@ from asyncsim._moved import forward
 
 forward(
     __name__,
-    ("asyncsim.drivers.online", "asyncsim.drivers.driver"),
+    ("asyncsim.api", "asyncsim.drivers.online", "asyncsim.drivers.driver"),
     globals(),
     renamed={"_Recorder": "Recorder"},
 )

@@ -9,11 +9,11 @@ from asyncsim._moved import forward
 forward(
     __name__,
     (
+        "asyncsim.api",  # replay, replay_folder: the public ones, with the measurements
         "asyncsim.drivers.replay",
         "asyncsim.drivers.scan",
         "asyncsim.drivers.vmapped",
         "asyncsim.drivers.choose",
-        "asyncsim.api",
         "asyncsim._moved_replayer",
     ),
     globals(),

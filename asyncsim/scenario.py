@@ -140,8 +140,13 @@ def load_scenario(
     profile: str | None = None,
     overrides: Iterable[str | tuple[str, Any]] = (),
     seed: int | None = None,
+    validate: bool = True,
 ) -> Scenario:
     """Read, resolve and validate a scenario from a TOML path, a dict or a Scenario.
+
+    ``validate=False`` skips the cross-field checks against the plug-in registries (keys and
+    types are still checked): for reading what a scenario resolves to, as the figures do to
+    caption their runs, without importing the numerics.
 
     Raises:
         ScenarioError: naming the file, the key and what is allowed.
@@ -158,9 +163,9 @@ def load_scenario(
         _fill_protocol_defaults(raw)
         scn = from_dict(Scenario, raw)
         bdir = Path(file).parent if file else None
-        validate(scn, base_dir=bdir)
-        for point in sweep_points(scn):
-            validate(apply_point(scn, point), base_dir=bdir)
+        for checked in ([scn, *(apply_point(scn, p) for p in sweep_points(scn))]
+                        if validate else ()):
+            check(checked, base_dir=bdir)
     except ScenarioError as e:
         raise e.with_file(file) from None
     if file is not None:
@@ -184,7 +189,7 @@ def _positive(key: str, value: float | None, *, allow_zero: bool = False) -> Non
         (_checks.nonneg if allow_zero else _checks.positive)(key, value, finite=True)
 
 
-def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
+def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     """Cross-field checks: registries, ranges, protocol parameters against the cluster."""
     # The registries are imported here, not at the top: the models', data sets' and rules'
     # modules import JAX (~1.5 s), and a file with a misspelt key (caught by from_dict before
@@ -271,9 +276,33 @@ def validate(scn: Scenario, *, base_dir: Path | None = None) -> None:
     if r.eval_samples is not None and r.eval_samples < 1:
         raise ScenarioError("run.eval_samples", "must be a positive integer")
 
+    _check_measure(scn)
     for k, values in scn.sweep.items():
         if not isinstance(values, tuple) or not values:
             raise ScenarioError(f"sweep.{k}", "must be a non-empty list of values")
+
+
+def _check_measure(scn: Scenario) -> None:
+    m = scn.measure
+    if m.sharpness_samples < 1:
+        raise ScenarioError("measure.sharpness_samples",
+                            f"must be a positive integer, got {m.sharpness_samples}")
+    if m.sharpness_points < 0:
+        raise ScenarioError("measure.sharpness_points",
+                            f"must be an integer >= 0, got {m.sharpness_points}")
+    if m.sharpness_points and scn.run.updates is None:
+        raise ScenarioError("measure.sharpness_points", "spaces the measurements over the "
+                            "run's updates: give the run's length as run.updates")
+    for i, kind in enumerate(m.edge_momenta):
+        try:
+            check_momentum_kind(kind)
+        except ScenarioError as e:
+            raise ScenarioError(f"measure.edge_momenta[{i}]", e.message) from None
+    if m.edges and (scn.model.name != "quadratic"
+                    or len(scn.model.options.get("eigenvalues", [])) != 1):
+        raise ScenarioError("measure.edges", "measures the stability edge of a "
+                            "one-dimensional quadratic: needs model.name = \"quadratic\" "
+                            "with one eigenvalue (model.eigenvalues = [1.0])")
 
 
 def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
@@ -345,3 +374,14 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
     except ScenarioError as e:
         raise ScenarioError(f"sweep.{e.key}", e.message) from None
 
+
+
+def point_scenarios(scn: Scenario) -> list[tuple[str, dict[str, Any], Scenario]]:
+    """``(name, keys, scenario)`` of every point of ``scn``'s sweep, in order (``p000``,
+    ``p001``, ...; ``scn`` itself, as ``p000``, without a sweep): each point's scenario has
+    no ``sweep`` table and keeps ``scn``'s source file. The names of a sweep's point folders
+    and the scenarios their ``scenario.toml`` record."""
+    points = sweep_points(scn) or [{}]
+    return [(f"p{i:03d}", p, dataclasses.replace(apply_point(scn, p) if p else scn, sweep={},
+                                                 source=scn.source))
+            for i, p in enumerate(points)]

@@ -22,7 +22,6 @@ Layout::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tomllib
 from collections.abc import Callable, Mapping
@@ -44,7 +43,8 @@ from asyncsim.drivers.vmapped import hyper_of, replay_vmapped
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
-from asyncsim.scenario import apply_point, sweep_points
+from asyncsim.scenario import point_scenarios
+from asyncsim.stability.measure import EDGES_CSV, monitor_for, sweep_edges
 from asyncsim.trace import Trace
 
 INDEX = "index.csv"
@@ -58,7 +58,7 @@ def timing_key(scn: Scenario) -> str:
     the seed of the timing streams (:attr:`Scenario.timing_seed`) in place of ``seed``: under
     a fixed ``cluster.seed``, points that differ in ``seed`` share one trace."""
     d = to_dict(scn)
-    for k in ("optimizer", "name", "description", "figure", "source", "sweep"):
+    for k in ("optimizer", "name", "description", "figure", "source", "sweep", "measure"):
         d.pop(k, None)
     d["seed"] = scn.timing_seed
     d["cluster"] = {k: v for k, v in d["cluster"].items() if k != "seed"}
@@ -70,25 +70,22 @@ def timing_key(scn: Scenario) -> str:
 
 
 def plan(scn: Scenario) -> list[dict[str, Any]]:
-    """The sweep's points: ``{"point", "keys", "scenario", "group"}`` in a fixed order."""
-    points = sweep_points(scn) or [{}]
+    """The sweep's points: ``{"point", "keys", "scenario", "group"}`` in a fixed order; points
+    of one timing group (:func:`timing_key`) share a trace."""
     groups: dict[str, int] = {}
-    out = []
-    for i, p in enumerate(points):
-        s = apply_point(scn, p) if p else scn
-        s = dataclasses.replace(s, sweep={}, source=scn.source)
-        g = groups.setdefault(timing_key(s), len(groups))
-        out.append({"point": f"p{i:03d}", "keys": p, "scenario": s, "group": g})
-    return out
+    return [{"point": name, "keys": keys, "scenario": s,
+             "group": groups.setdefault(timing_key(s), len(groups))}
+            for name, keys, s in point_scenarios(scn)]
 
 
 def _run_point(item: Mapping[str, Any], folder: Path, shared_trace, *, progress: bool):
     """Run one point: replay of the group's trace when it is shared, else an online run."""
     scn = item["scenario"]
+    monitor = monitor_for(scn)  # the scenario's [measure]: stored with the point
     if shared_trace is not None:
         return replay(scn, shared_trace, out=folder, force=True, progress=progress,
-                      kind="run").summary
-    return run(scn, out=folder, force=True, progress=progress).summary
+                      kind="run", monitor=monitor).summary
+    return run(scn, out=folder, force=True, progress=progress, monitor=monitor).summary
 
 
 Executor = Callable[[list[Callable[[], dict[str, Any]]]], list[dict[str, Any]]]
@@ -128,7 +125,10 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
             continue
         shared = share_traces and len(members) > 1
         trace = _group_trace(members[0]["scenario"], out / f"trace_g{g:02d}") if shared else None
-        hypers = _hyper_only(todo, scn) if shared and vmap != "never" else None
+        # Measurements along the run need the loop path, one point at a time.
+        observed = any(getattr(monitor_for(it["scenario"]), "every", 0) for it in todo)
+        hypers = (_hyper_only(todo, scn) if shared and vmap != "never" and not observed
+                  else None)
         if hypers is not None and len(todo) > 1:
             jobs.append(({"point": "vmapped"}, _vmap_job(todo, hypers, out, trace, vmap)))
             continue
@@ -147,7 +147,11 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
                 write_index()
         else:
             executor([j for _, j in jobs])  # summaries are read back from the folders
-    return write_index()
+    index = write_index()
+    complete = all(runs.is_complete(out / it["point"]) for it in items)
+    if scn.measure.edges and complete and (jobs or not (out / EDGES_CSV).exists()):
+        sweep_edges(out, items)  # the sweep's measurement, from the points' saved traces
+    return index
 
 
 def _write_index(out: Path, items, by_group, share_traces: bool,
@@ -232,15 +236,17 @@ def _vmap_job(todo, hypers, out, trace, vmap):
         # "always" skips the probe (its compiles cost more than a small sweep saves).
         mode, path = (("vmapped", "loop") if vmap == "always"
                       else sweep_path(base, trace, hypers, numerics=num))
+        monitors = [monitor_for(it["scenario"]) for it in todo]
         if mode == "vmapped":
-            res = replay_vmapped(base, trace, hypers, numerics=num, outs=folders, path=path)
+            res = replay_vmapped(base, trace, hypers, numerics=num, outs=folders, path=path,
+                                 monitors=monitors)
         elif path == "scan":
             res = [replay_scan(it["scenario"], trace, out=f, force=True, numerics=num,
-                               hyper=h, kind="run")
-                   for it, f, h in zip(todo, folders, hypers, strict=True)]
+                               hyper=h, kind="run", monitor=mon)
+                   for it, f, h, mon in zip(todo, folders, hypers, monitors, strict=True)]
         else:
-            res = [replay(it["scenario"], trace, out=f, force=True, kind="run")
-                   for it, f in zip(todo, folders, strict=True)]
+            res = [replay(it["scenario"], trace, out=f, force=True, kind="run", monitor=mon)
+                   for it, f, mon in zip(todo, folders, monitors, strict=True)]
         return [r.summary for r in res]
     job.scenarios = [it["scenario"] for it in todo]
     return job

@@ -14,15 +14,16 @@ import pytest
 
 from asyncsim.api import simulate
 from asyncsim.cli import main
+from asyncsim.drivers.driver import Observer
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.stability import edge
+from asyncsim.stability.measure import sharpness_trajectory
 from asyncsim.stability.measured import (
     find_edge,
     find_edges,
     growth,
     quadratic_scenario,
-    sharpness_trajectory,
     stable_mask,
 )
 
@@ -80,9 +81,9 @@ def _windows_by_loop(scn, trace, lr):
     """Windows A and B (the edge test) computed from the loop replay's parameters after
     every update: the exact reference of the compiled executor's running maxima."""
     norms = {}
-    res = replay(scn, trace, hyper={"lr": lr}, observe_every=1,
-                 observe=lambda v, st: norms.__setitem__(v, float(np.sum(np.square(
-                     np.asarray(st.params["w"], np.float64))))))
+    res = replay(scn, trace, hyper={"lr": lr}, monitor=Observer(
+        lambda v, st: norms.__setitem__(v, float(np.sum(np.square(
+            np.asarray(st.params["w"], np.float64)))))))
     assert not res.summary["diverged"]
     m = trace.num_updates
     sq = np.asarray([norms[v + 1] for v in range(m)])  # after update v
@@ -147,7 +148,8 @@ def test_sharpness_trajectory_logs_every_k():
     df = sharpness_trajectory(scn, every=10, samples=8)
     assert df["update"].tolist() == [0, 10, 20, 30, 40]
     np.testing.assert_allclose(df["sharpness"], 3.0, rtol=1e-5)  # the quadratic's λ
-    assert df["tau_edge"].iloc[0] == pytest.approx(edge(2) / 0.1)
+    assert df["bound"].iloc[0] == pytest.approx(edge(2) / 0.1)
+    assert df["sync_bound"].iloc[0] == pytest.approx(2 / 0.1)
 
 
 def test_cli_stability_measure(capsys):

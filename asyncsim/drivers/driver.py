@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +50,35 @@ CKPT = "checkpoint.npz"
 AUTO_CHECKPOINT_SECONDS = 60.0
 DIVERGED_FACTOR = 1e6
 
-Observe = Callable[[int, CoreState], None]  # observe(version, state)
+
+
+class Monitor(Protocol):
+    """What a run measures besides its metrics (:mod:`asyncsim.stability.measure`: sharpness
+    along the run, at its start and end). The Driver calls :meth:`observe` at version 0,
+    every :attr:`every` updates (0: never in between) and after the last update, then
+    :meth:`finish`, whose fields join ``summary.json`` (a monitor may also write files into
+    ``driver.folder``, before the summary marks the folder complete)."""
+
+    every: int
+
+    def observe(self, driver: Driver, version: int) -> None: ...
+
+    def finish(self, driver: Driver) -> dict[str, Any]: ...
+
+
+@dataclass
+class Observer:
+    """A :class:`Monitor` calling ``fn(version, state)``: a run's state at version 0, every
+    ``every`` updates and after the last one."""
+
+    fn: Callable[[int, CoreState], Any]
+    every: int = 1
+
+    def observe(self, driver: Driver, version: int) -> None:
+        self.fn(version, driver.state)
+
+    def finish(self, driver: Driver) -> dict[str, Any]:
+        return {}
 
 
 @dataclass
@@ -199,9 +227,9 @@ class Driver:
     :meth:`applied` with gradients applied elsewhere); the compiled-chunk and vmapped
     executors hand it each chunk's losses and the state at its end (:meth:`chunk_applied`).
     It owns the core state, the parameter versions later gradients read, the batch losses,
-    the evaluations (every ``run.eval_every`` updates and at the end), the observations
-    (``observe(version, state)`` every ``observe_every`` updates), the checkpoints (every
-    ``run.checkpoint_every`` updates, or once a minute) and the stop.
+    the evaluations (every ``run.eval_every`` updates and at the end), what a
+    :class:`Monitor` measures, the checkpoints (every ``run.checkpoint_every`` updates, or
+    once a minute) and the stop.
 
     Divergence, the same for every path: update ``v`` diverged if its batch losses are not
     all finite or one exceeds ``DIVERGED_FACTOR`` times the first update's mean |loss|, if
@@ -216,8 +244,8 @@ class Driver:
 
     def __init__(self, scn: Scenario, num: Numerics, *, folder: Path | None = None,
                  start: tuple | None = None, hyper: dict[str, float] | None = None,
-                 versions: bool = True, observe: Observe | None = None,
-                 observe_every: int = 0, evaluate: bool = True, checkpoints: bool = True):
+                 versions: bool = True, monitor: Monitor | None = None,
+                 evaluate: bool = True, checkpoints: bool = True):
         self.scn, self.num, self.folder = scn, num, folder
         if start is not None:
             self.start_version, self.state, self.versions, self.rec, extra = start
@@ -233,7 +261,7 @@ class Driver:
         self.diverged_at: int | None = None
         self.stopped_at: int | None = None  # updates applied when the run stopped on divergence
         self.now = 0.0
-        self.observe, self.observe_every = observe, observe_every
+        self.monitor = monitor
         # Replays keep no checkpoints: they are redone, not resumed (runs._REDO).
         self.checkpoints = checkpoints and folder is not None
         self._window: list[CoreState] = []  # states after the unchecked updates (rollback)
@@ -249,7 +277,7 @@ class Driver:
         if evaluate and self.start_version == 0 and not self.rec.evals:
             self.evaluate(0)
         self._observed = -1
-        if observe is not None and self.start_version == 0:
+        if monitor is not None and self.start_version == 0:
             self._observe(0)
 
     # ------------------------------------------------------------------ feeding updates
@@ -301,8 +329,8 @@ class Driver:
         checkpoints that are due."""
         r = self.scn.run
         eval_due = bool(r.eval_every) and done % r.eval_every == 0
-        obs_due = self.observe is not None and bool(self.observe_every) and (
-            done % self.observe_every == 0)
+        obs_due = self.monitor is not None and bool(self.monitor.every) and (
+            done % self.monitor.every == 0)
         ckpt_due = self.checkpoints and (
             done % r.checkpoint_every == 0 if r.checkpoint_every
             else time.monotonic() - self._last_ckpt > AUTO_CHECKPOINT_SECONDS)
@@ -378,7 +406,7 @@ class Driver:
             self._diverge(version - 1, self.state)
 
     def _observe(self, version: int) -> None:
-        self.observe(version, self.state)
+        self.monitor.observe(self, version)
         self._observed = version
 
     def show_progress(self, total: int | None) -> None:
@@ -411,8 +439,11 @@ class Driver:
             self.evaluate(trace.num_updates)  # the final parameters (a diverged run's too)
         if self.stopped_at is not None:  # the final evaluation may find it too
             trace = trace.truncate(self.stopped_at, stop_reason="diverged")
-        if self.observe is not None and self._observed != trace.num_updates:
-            self._observe(trace.num_updates)
+        measured = {}
+        if self.monitor is not None:
+            if self._observed != trace.num_updates:
+                self._observe(trace.num_updates)
+            measured = self.monitor.finish(self)
         num, rec, final = self.num, self.rec, self.state
         evals = pd.DataFrame([e.__dict__ for e in rec.evals])
         upd = trace.updates_df()
@@ -434,6 +465,7 @@ class Driver:
             "stop_reason": trace.meta.get("stop_reason"),
             "grouping": num.grouping,
             "backend": jax.default_backend(),
+            **measured,
             **(extra or {}),
         }
         folder = self.folder

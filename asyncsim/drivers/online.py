@@ -20,6 +20,7 @@ from asyncsim.config import Scenario
 from asyncsim.drivers.driver import (
     CKPT,
     Driver,
+    Monitor,
     RunResult,
     load_checkpoint,
     message_bytes,
@@ -31,8 +32,12 @@ from asyncsim.timing.cluster import Simulation, run_length
 
 def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
         force: bool = False, progress: bool = False, profile: str | None = None,
-        grouping: str = "auto", numerics: Numerics | None = None) -> RunResult:
+        grouping: str = "auto", numerics: Numerics | None = None,
+        monitor: Monitor | None = None) -> RunResult:
     """Simulate ``scn`` with real gradients (the online driver) and, with ``out``, write it.
+
+    ``monitor``: what the run measures along the way (:class:`~asyncsim.drivers.driver.Monitor`;
+    :func:`asyncsim.api.run` passes the one of the scenario's ``[measure]`` table).
 
     Returns:
         A :class:`RunResult`; ``summary`` has the trace figures plus ``final_test_error``,
@@ -40,10 +45,10 @@ def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
     """
     folder = runs.prepare(out, resume=resume, force=force) if out is not None else None
     with runs.removed_on_scenario_error(folder, resume=resume):
-        return _run(scn, folder, resume, progress, profile, grouping, numerics)
+        return _run(scn, folder, resume, progress, profile, grouping, numerics, monitor)
 
 
-def _run(scn, folder, resume, progress, profile, grouping, numerics) -> RunResult:
+def _run(scn, folder, resume, progress, profile, grouping, numerics, monitor) -> RunResult:
     """:func:`run` once its folder is prepared."""
     t0 = time.perf_counter()
     num = numerics or numerics_for(scn, grouping=grouping)
@@ -54,7 +59,7 @@ def _run(scn, folder, resume, progress, profile, grouping, numerics) -> RunResul
     elif folder is not None:
         runs.write_scenario(folder, scn)
         runs.write_provenance(folder, scn, profile=profile)
-    driver = Driver(scn, num, folder=folder, start=start)
+    driver = Driver(scn, num, folder=folder, start=start, monitor=monitor)
     sim = Simulation(scn, msg_bytes=message_bytes(scn), track_reads=True,
                      on_update=lambda v, rows: driver.on_update(v, rows, alive=sim.read_refs,
                                                                 now=sim.env.now))

@@ -24,7 +24,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, Observe, RunResult, numerics_for
+from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
@@ -110,17 +110,15 @@ def check_memory(held: int, trace: Trace, need: int, max_memory: int, *,
 def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force: bool = False,
            numerics: Numerics | None = None, hyper: Mapping[str, float] | None = None,
            max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
-           kind: str = "replay", observe: Observe | None = None,
-           observe_every: int = 0) -> RunResult:
+           kind: str = "replay", monitor: Monitor | None = None) -> RunResult:
     """Execute ``trace``'s numerics under ``scn`` (its optimizer, model, data, seed).
 
     Args:
         hyper: overrides of the core's ``lr``, ``beta``, ``weight_decay`` for this replay.
         max_memory: bytes of parameter versions allowed; a larger need raises
             :class:`ReplayMemoryError` before anything is allocated.
-        observe: ``observe(version, state)`` is called with the core state at version 0,
-            after every ``observe_every`` updates and after the last one (e.g. to log
-            sharpness along the way).
+        monitor: what the replay measures along the way (a
+            :class:`~asyncsim.drivers.driver.Monitor`; e.g. sharpness).
     """
     num = numerics or numerics_for(scn)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
@@ -132,8 +130,8 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
         runs.write_scenario(folder, scn)
         runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"))
     t0 = time.perf_counter()
-    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), observe=observe,
-                    observe_every=observe_every, checkpoints=False)
+    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), monitor=monitor,
+                    checkpoints=False)
     alive = _Alive(last_use(trace))
     if progress:
         driver.show_progress(trace.num_updates)

@@ -26,7 +26,7 @@ from jax import lax
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, RunResult, numerics_for
+from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
 from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory, last_use
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
@@ -97,7 +97,8 @@ def pending_plan(trace: Trace) -> tuple[np.ndarray, int]:
 def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
                 hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
                 force: bool = False, chunk: int = 512, store: str = "auto",
-                max_memory: int = DEFAULT_MAX_MEMORY, kind: str = "replay") -> RunResult:
+                max_memory: int = DEFAULT_MAX_MEMORY, kind: str = "replay",
+                monitor: Monitor | None = None) -> RunResult:
     """Replay as compiled chunks: a compiled loop over updates with a device store.
 
     ``store="versions"``: the parameter versions later gradients still read live in one
@@ -115,6 +116,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     convolutions runs slower than a loop of jitted steps, while small dense models gain
     from losing the per-step dispatch.
     """
+    check_chunk_monitor(monitor)
     num = numerics or numerics_for(scn)
     counts = trace.updates["n_grads"]
     m = trace.num_updates
@@ -128,7 +130,8 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
         runs.write_scenario(folder, scn)
         runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"), path="scan")
     t0 = time.perf_counter()
-    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), checkpoints=False)
+    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), checkpoints=False,
+                    monitor=monitor)
     every = scn.run.eval_every or m
     times = trace.updates["time"]
     first = (driver.state, init_buf(driver.state.params))
@@ -138,6 +141,14 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
                                 state_at=lambda v, redo=redo: redo(v)[0]) is False:
             break
     return driver.finish(trace, t0, kind=kind, extra={"replay_path": "scan", **fields})
+
+
+def check_chunk_monitor(monitor: Monitor | None) -> None:
+    """A compiled chunk leaves jit only at its end: a monitor that observes in between needs
+    the loop path."""
+    if monitor is not None and monitor.every:
+        raise ValueError("a monitor that observes every few updates needs the loop path "
+                         "(asyncsim.drivers.replay.replay)")
 
 
 def _scan_inputs(trace: Trace, c: int, slot: np.ndarray) -> tuple[np.ndarray, ...]:

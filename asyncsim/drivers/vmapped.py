@@ -20,7 +20,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import CHECK_EVERY, Driver, RunResult, numerics_for
+from asyncsim.drivers.driver import CHECK_EVERY, Driver, Monitor, RunResult, numerics_for
 from asyncsim.drivers.replay import (
     DEFAULT_MAX_MEMORY,
     _Alive,
@@ -29,7 +29,7 @@ from asyncsim.drivers.replay import (
     last_use,
     replay_memory,
 )
-from asyncsim.drivers.scan import _chunks, _iter_chunks, _scan_setup
+from asyncsim.drivers.scan import _chunks, _iter_chunks, _scan_setup, check_chunk_monitor
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.trace import Trace
@@ -64,7 +64,8 @@ def _vmapped_programs(num: Numerics) -> dict[str, Any]:
 def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
                    numerics: Numerics | None = None, outs: Sequence[Path | None] | None = None,
                    max_memory: int = DEFAULT_MAX_MEMORY, path: str = "loop",
-                   chunk: int = 512, store: str = "auto") -> list[RunResult]:
+                   chunk: int = 512, store: str = "auto",
+                   monitors: Sequence[Monitor | None] | None = None) -> list[RunResult]:
     """Replay one trace under several (lr, beta, weight_decay) settings in one program.
 
     The core state carries its hyperparameters (``CoreState.hyper``), so the P settings are
@@ -75,9 +76,13 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     dispatch. Each point has its own :class:`~asyncsim.drivers.driver.Driver`, fed a
     stretch of updates at a time: evaluations, divergence (a diverged point stops at its
     own update, rolled back exactly) and output files are those of a replay of that point
-    alone. Each point's numbers equal its own :func:`~asyncsim.drivers.replay.replay` up to
-    floating-point reassociation under vmap (tested to 1e-5).
+    alone (``monitors``: one per point, observing at the start and end only). Each point's
+    numbers equal its own :func:`~asyncsim.drivers.replay.replay` up to floating-point
+    reassociation under vmap (tested to 1e-5).
     """
+    monitors = list(monitors) if monitors is not None else [None] * len(hypers)
+    for mon in monitors:
+        check_chunk_monitor(mon)
     if path not in ("loop", "scan"):
         raise ValueError(f"path must be loop or scan, got {path!r}")
     num = numerics or numerics_for(scn)
@@ -102,7 +107,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
             runs.write_provenance(folder, scn_k, replay_of=trace.meta.get("source"),
                                   vmapped_points=P)
         drivers.append(Driver(scn_k, num, folder=folder, hyper=dict(h), evaluate=False,
-                              checkpoints=False))
+                              checkpoints=False, monitor=monitors[k]))
     state = _stack([d.state for d in drivers])
     lanes = _Lanes(num, drivers, scn.run)
     lanes.evaluate(0, state)

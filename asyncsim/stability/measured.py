@@ -35,7 +35,6 @@ slightly upwards, and is documented where it is used.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -45,14 +44,11 @@ import pandas as pd
 
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import numerics_for
-from asyncsim.drivers.replay import replay
 from asyncsim.drivers.scan import growth_windows
 from asyncsim.drivers.trace_only import simulate
-from asyncsim.numerics.lr_rules import rate_at_delay
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
 from asyncsim.stability.closed_form import edge
-from asyncsim.stability.sharpness import sharpness
 from asyncsim.trace import Trace
 
 __all__ = [
@@ -62,7 +58,6 @@ __all__ = [
     "find_edges",
     "growth",
     "quadratic_scenario",
-    "sharpness_trajectory",
     "stable_mask",
 ]
 
@@ -277,49 +272,4 @@ def edge_comparison(taus: Sequence[int], momenta: Sequence[str] = ("none",),
                 rows.append({"tau": int(tau), "momentum": kind, "beta": float(beta),
                              "closed_form": cf, "measured": float(m),
                              "rel_error": float(m / cf - 1.0), "seconds": dt / len(taus)})
-    return pd.DataFrame(rows)
-
-
-# ------------------------------------------------------------------------------ sharpness
-def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
-                         max_iter: int = 50, tol: float = 1e-4,
-                         numerics: Numerics | None = None) -> pd.DataFrame:
-    """Train ``scn`` (its trace, replayed update by update) and log sharpness every ``every``.
-
-    The timing comes from :func:`asyncsim.api.simulate`; each update runs through
-    :meth:`asyncsim.engine.Numerics.update` (the shared core), keeping only the parameter
-    versions later gradients read. Every ``every`` updates the top Hessian eigenvalue of the
-    mean loss over the first ``samples`` training examples is measured by
-    :func:`asyncsim.sharpness.sharpness` (P2's HVP power iteration; a fixed batch so the
-    curve is not batch noise).
-
-    Returns:
-        DataFrame with columns update, sharpness, train_loss (on the sharpness batch),
-        lr, tau_edge (``2 sin(π/(4τ+2))/η`` for the scenario's ``protocol.tau``, NaN when the
-        protocol has none), sync_edge (``2/η``), diverged.
-    """
-    num = numerics or numerics_for(scn)
-    trace = simulate(scn)
-    xs, ys = num.x_train[:samples], num.y_train[:samples]
-    state = num.init_state()
-    tau = scn.protocol.tau
-    # The rate the run actually uses at delay tau (the stability-edge rule lowers it).
-    eta = (rate_at_delay(scn.optimizer.lr_rule, float(state.hyper["lr"]), tau)
-           if tau is not None else float(state.hyper["lr"]))
-    tau_edge = 2 * math.sin(math.pi / (4 * tau + 2)) / eta if tau is not None else math.nan
-    rows = []
-
-    def log(v, params):
-        loss = float(num.model.loss(params, xs, ys))
-        sh = (sharpness(num.model, params, xs, ys, max_iter=max_iter, tol=tol)
-              if math.isfinite(loss) else math.nan)
-        rows.append({"update": v, "sharpness": sh, "train_loss": loss, "lr": eta,
-                     "tau_edge": tau_edge, "sync_edge": 2.0 / eta, "diverged": False})
-
-    # The replay observes version 0, every `every` updates and its last update; a diverged
-    # one stops at its diverged update (the Driver's rule), observed last.
-    res = replay(scn, trace, numerics=num, observe=lambda v, st: log(v, st.params),
-                 observe_every=every)
-    if res.summary["diverged"]:
-        rows[-1]["diverged"] = True
     return pd.DataFrame(rows)
