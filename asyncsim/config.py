@@ -1,10 +1,10 @@
 """Typed, frozen scenario configuration with strict validation.
 
-Defaults live here, in code; a scenario file holds overrides only (DESIGN.md, "Scenario
-files"). :func:`from_dict` turns a nested mapping (parsed TOML) into a :class:`Scenario` and
-rejects unknown keys, wrong types and impossible values with a :class:`ScenarioError` that
-names the key and what is allowed. Cross-field rules (``n <= learners``, known delay models,
-protocol parameters) are checked in :func:`validate`.
+Defaults live here, in code; a scenario file holds overrides only. :func:`from_dict` turns a
+nested mapping (parsed TOML) into a :class:`Scenario` and rejects unknown keys, wrong types
+and impossible values with a :class:`ScenarioError` that names the key and what is allowed.
+Cross-field rules (``n <= learners``, known delay models, protocol parameters) are checked by
+:func:`asyncsim.scenario.check`.
 
 Distributions (``cluster.compute``, link latencies, PS service time) are kept as plain
 mappings ``{"dist": name, **params}``; :mod:`asyncsim.delays` validates them against the

@@ -1,6 +1,6 @@
 """Run folders: one folder per run, written so that a killed run never leaves a corrupt one.
 
-Layout (DESIGN.md, "Runs and outputs")::
+Layout (docs/design.md, "Run folders and measurements")::
 
     RUN_DIR/
       scenario.toml          the resolved scenario (profile and --set applied); rerunnable

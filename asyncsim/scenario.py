@@ -195,8 +195,6 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     # modules import JAX (~1.5 s), and a file with a misspelt key (caught by from_dict before
     # this runs) should be reported at once (tests/test_cli.py).
     from asyncsim.numerics.data import check_batch_size, declared_train_size
-    from asyncsim.numerics.lr_rules import get_lr_rule
-    from asyncsim.timing.delays import make_delay
     from asyncsim.timing.protocols import get_protocol_class
 
     for key, seed in (("seed", scn.seed), ("cluster.seed", scn.cluster.seed)):
@@ -204,6 +202,27 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
         # would silently give seed 0's batches.
         if seed is not None and not 0 <= seed < 2**32:
             raise ScenarioError(key, f"must be an integer in 0..{2**32 - 1}, got {seed}")
+    _check_cluster(scn, base_dir)
+    get_protocol_class(scn.protocol.kind).check(scn.protocol, scn.cluster.learners)
+    _check_optimizer(scn)
+    _check_factory("model", scn.model.name, scn.model.options)
+    _check_factory("data", scn.data.name, scn.data.options)
+    if scn.data.batch_size < 1:
+        raise ScenarioError("data.batch_size",
+                            f"must be a positive integer, got {scn.data.batch_size}")
+    n_train = declared_train_size(scn.data.name, scn.data.options)
+    if n_train is not None:
+        check_batch_size(scn.data.batch_size, n_train, scn.data.name)
+    _check_run(scn)
+    _check_measure(scn)
+    for k, values in scn.sweep.items():
+        if not isinstance(values, tuple) or not values:
+            raise ScenarioError(f"sweep.{k}", "must be a non-empty list of values")
+
+
+def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
+    from asyncsim.timing.delays import make_delay  # see check
+
     c = scn.cluster
     lam = c.learners
     if lam < 1 or lam > 100_000:
@@ -234,7 +253,9 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     if c.ps_service is not None:
         make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
 
-    get_protocol_class(scn.protocol.kind).check(scn.protocol, lam)
+
+def _check_optimizer(scn: Scenario) -> None:
+    from asyncsim.numerics.lr_rules import get_lr_rule  # see check
 
     o = scn.optimizer
     _positive("optimizer.lr", o.lr)
@@ -253,15 +274,8 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     if s.warmup_updates < 0:
         raise ScenarioError("optimizer.schedule.warmup_updates", "must be >= 0")
 
-    _check_factory("model", scn.model.name, scn.model.options)
-    _check_factory("data", scn.data.name, scn.data.options)
-    if scn.data.batch_size < 1:
-        raise ScenarioError("data.batch_size",
-                            f"must be a positive integer, got {scn.data.batch_size}")
-    n_train = declared_train_size(scn.data.name, scn.data.options)
-    if n_train is not None:
-        check_batch_size(scn.data.batch_size, n_train, scn.data.name)
 
+def _check_run(scn: Scenario) -> None:
     r = scn.run
     given = [k for k in ("updates", "gradients", "epochs", "sim_time") if getattr(r, k) is not None]
     if len(given) > 1:
@@ -275,11 +289,6 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
             raise ScenarioError(f"run.{k}", "must be >= 0")
     if r.eval_samples is not None and r.eval_samples < 1:
         raise ScenarioError("run.eval_samples", "must be a positive integer")
-
-    _check_measure(scn)
-    for k, values in scn.sweep.items():
-        if not isinstance(values, tuple) or not values:
-            raise ScenarioError(f"sweep.{k}", "must be a non-empty list of values")
 
 
 def _check_measure(scn: Scenario) -> None:

@@ -1,4 +1,4 @@
-"""The Trace: the complete timing record of a run (DESIGN.md, "The Trace").
+"""The Trace: the complete timing record of a run (docs/design.md).
 
 One row per *applied* gradient and one per update, stored column-wise as numpy arrays.
 Gradient rows are ordered by ``apply_version`` and, within an update, by the order the PS

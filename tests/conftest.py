@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -21,6 +22,44 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 PLUGIN_DIR = Path(__file__).parent / "plugin_pkg"
+
+# The tiny scenario most tests start from: a 16-unit MLP on 256 synthetic images, 8 per batch
+# (a gradient costs well under a millisecond, and the programs compile in about a second).
+TINY = {"name": "tiny", "seed": 7, "model": {"name": "mlp", "hidden": [16]},
+        "data": {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64},
+        "cluster": {"learners": 3}, "protocol": {"kind": "async"},
+        "optimizer": {"lr": 0.05}, "run": {"updates": 30, "eval_every": 10}}
+
+
+def _merge(base: dict, tables: dict) -> dict:
+    """``base`` with ``tables`` laid over it, tables merged one level deep."""
+    d = copy.deepcopy(base)
+    for k, v in tables.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+    return d
+
+
+class TinyScenarios:
+    """``tiny(cluster={"learners": 4}, run={"updates": 6})``: :data:`TINY` with those keys
+    replaced (one level deep), loaded; ``tiny.with_defaults(...)``: a factory with other
+    defaults (a test module's own)."""
+
+    def __init__(self, base: dict):
+        self.base = base
+
+    def __call__(self, **tables):
+        from asyncsim.scenario import load_scenario
+
+        return load_scenario(_merge(self.base, tables))
+
+    def with_defaults(self, **tables) -> TinyScenarios:
+        return TinyScenarios(_merge(self.base, tables))
+
+
+@pytest.fixture(scope="session")
+def tiny() -> TinyScenarios:
+    """The factory of tiny scenarios (:class:`TinyScenarios`)."""
+    return TinyScenarios(TINY)
 
 
 @pytest.fixture

@@ -203,7 +203,7 @@ def test_one_learner_async_has_no_staleness(n_updates, seed):
     (30, 30, {"dist": "gamma", "mean": 1.0, "cv": 0.5}),
 ])
 def test_mean_staleness_is_lambda_minus_one_over_c(lam, n, dist):
-    # Closed-loop steady state with identical i.i.d. learners and no network (PAPERS.md):
+    # Closed-loop steady state with identical i.i.d. learners and no network (docs/papers.md):
     # <tau> = (lambda - 1) / c.
     c = lam // n
     scn = load_scenario({"cluster": {"learners": lam, "compute": dist},

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncsim.config import MomentumConfig, OptimizerConfig, ScheduleConfig
+from asyncsim.config import MOMENTUM_KINDS, MomentumConfig, OptimizerConfig, ScheduleConfig
 from asyncsim.numerics.core import (
     CoreState,
     as_optax,
@@ -26,8 +26,9 @@ from asyncsim.numerics.core import (
     register_lr_rule,
 )
 
-BUILTIN_RULES = ["constant", "inverse-staleness", "inverse-mean-staleness", "stability-edge"]
-KINDS = ["none", "heavy-ball", "dampened", "nesterov", "shifted"]
+# The tables come from the registries: a new rule or momentum kind is tested with no edit here.
+BUILTIN_RULES = available_lr_rules()
+KINDS = list(MOMENTUM_KINDS)
 
 
 # ----------------------------------------------------------------------------- fixtures

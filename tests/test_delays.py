@@ -55,11 +55,26 @@ def _ks(a: np.ndarray, b: np.ndarray) -> float:
 
 
 # ----------------------------------------------------------------------------- built-ins
-def test_available_delays_lists_builtins_sorted():
+def builtin_names(registry) -> set[str]:
+    """The names asyncsim itself registers (not a test's or an installed plug-in's)."""
+    return {n for n, v in registry.direct.items()
+            if getattr(v, "__module__", "").startswith("asyncsim.")}
+
+
+def test_every_builtin_delay_model_has_a_strategy_and_a_test_case():
+    """The contract table is the registry: a new built-in delay model fails here until the
+    hypothesis strategies (asyncsim.testing) and this file's cases cover it."""
     names = delays.available_delays()
     assert names == sorted(names)
-    assert set(BUILTINS) | {"empirical"} <= set(names)
-    assert set(DELAY_DISTS) == set(BUILTINS)
+    builtin = builtin_names(delays.base._registry)
+    assert builtin - {"empirical"} == set(DELAY_DISTS) == set(BUILTINS)  # needs a file
+
+
+def test_every_builtin_protocol_has_a_strategy():
+    from asyncsim.testing import PROTOCOL_KINDS
+    from asyncsim.timing import protocols
+
+    assert builtin_names(protocols._registry) == set(PROTOCOL_KINDS)
 
 
 @pytest.mark.parametrize("spec,mean", CASES, ids=IDS)
@@ -98,7 +113,7 @@ def test_same_seed_same_stream(spec, mean):
 
 
 def test_draws_use_only_the_given_generator():
-    """No draw touches ``random`` or numpy's global state (DESIGN.md, "Determinism")."""
+    """No draw touches ``random`` or numpy's global state (docs/design.md, "Determinism")."""
     np_state, py_state = np.random.get_state(), random.getstate()  # noqa: NPY002
     for spec, _ in CASES:
         model = make_delay(spec)

@@ -14,21 +14,16 @@ from asyncsim.api import replay, run, simulate
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.vmapped import replay_vmapped
 from asyncsim.numerics.lr_rules import register_lr_rule
-from asyncsim.scenario import load_scenario
 from asyncsim.sweep import run_sweep
 
-DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
 
-
-def scenario(**kw):
+@pytest.fixture(scope="module")
+def scenario(tiny):
     """The case the redesign issue measured: 4 async learners, an MLP, lr 3.0 (diverges)."""
-    d = {"name": "div", "seed": 3, "cluster": {"learners": 4,
-                                               "compute": {"dist": "exponential", "mean": 1.0}},
-         "protocol": {"kind": "async"}, "optimizer": {"lr": 3.0},
-         "model": {"name": "mlp", "hidden": [16]}, "data": DATA,
-         "run": {"updates": 60, "eval_every": 20}}
-    d.update(kw)
-    return load_scenario(d)
+    return tiny.with_defaults(name="div", seed=3, optimizer={"lr": 3.0},
+                              cluster={"learners": 4, "compute": {"dist": "exponential",
+                                                                  "mean": 1.0}},
+                              run={"updates": 60, "eval_every": 20})
 
 
 def stop(summary):
@@ -42,11 +37,11 @@ def same_params(a, b):
 
 
 @pytest.fixture(scope="module")
-def alone():
+def alone(scenario):
     return run(scenario())
 
 
-def test_a_diverging_run_stops_at_the_diverged_update(alone):
+def test_a_diverging_run_stops_at_the_diverged_update(alone, scenario):
     s = alone.summary
     v = s["diverged_at"]
     assert s["diverged"] and v is not None and 0 < v < 59
@@ -64,7 +59,7 @@ def test_a_diverging_run_stops_at_the_diverged_update(alone):
     assert not same_params(replay(scenario(), full.truncate(v)).params, alone.params)
 
 
-def test_replays_stop_where_the_run_stopped(alone):
+def test_replays_stop_where_the_run_stopped(alone, scenario):
     full = simulate(scenario())  # the whole timeline: the replays find the divergence
     assert full.num_updates == 60
     loop = replay(scenario(), full)
@@ -75,7 +70,7 @@ def test_replays_stop_where_the_run_stopped(alone):
 
 
 @pytest.mark.parametrize("path", ["loop", "scan"])
-def test_vmapped_points_stop_where_each_runs_alone(path):
+def test_vmapped_points_stop_where_each_runs_alone(path, scenario):
     lrs = [0.05, 3.0, 30.0]
     trace = simulate(scenario())
     res = replay_vmapped(scenario(), trace, [{"lr": lr} for lr in lrs], path=path)
@@ -87,7 +82,7 @@ def test_vmapped_points_stop_where_each_runs_alone(path):
 
 
 @pytest.mark.parametrize("vmap", ["never", "always"])
-def test_sweep_points_stop_where_each_runs_alone(tmp_path, vmap, alone):
+def test_sweep_points_stop_where_each_runs_alone(tmp_path, vmap, alone, scenario):
     scn = scenario(sweep={"optimizer.lr": [0.05, 3.0]})
     index = run_sweep(scn, tmp_path / vmap, vmap=vmap).set_index("point")
     assert index.loc["p001", "diverged"] and not index.loc["p000", "diverged"]
@@ -96,24 +91,27 @@ def test_sweep_points_stop_where_each_runs_alone(tmp_path, vmap, alone):
     assert bool(index.loc["p001", "vmapped"]) == (vmap == "always")
 
 
-def test_an_exploded_evaluation_is_a_divergence():
+def test_an_exploded_evaluation_is_a_divergence(scenario):
     """The quickstart at lr 1e6 ended with test loss 1e18 and diverged: false, because only
     batch losses (computed on stale reads) were checked: the evaluation after an update
     checks the parameters it produced."""
-    scn = scenario(cluster={"learners": 1}, optimizer={"lr": 1e6}, run={"updates": 1})
+    scn = scenario(cluster={"learners": 1, "compute": {"dist": "constant", "value": 1.0}},
+                   optimizer={"lr": 1e6}, run={"updates": 1, "eval_every": 0})
     s = run(scn).summary
     assert s["final_test_loss"] > 1e6 * 2.3  # the update's own batch loss was fine
     assert stop(s) == (0, 1, "diverged")
 
 
-def test_nonfinite_parameters_are_a_divergence_at_the_update_that_made_them(fresh_registries):
+def test_nonfinite_parameters_are_a_divergence_at_the_update_that_made_them(fresh_registries,
+                                                                            scenario):
     """A rule that makes the parameters NaN at staleness >= 3: with P2's round robin at
     delay 4 (staleness = min(version, 4)) update 3 makes them NaN, while the first batch
     loss that reads a NaN version is update 8's. The stop is update 3, found by the
     rollback window (the losses are fetched only every 16 updates)."""
     register_lr_rule("nan-at-3-test", lambda lr, tau, mean:
                      jnp.where(tau >= 3, jnp.nan, lr))
-    scn = scenario(protocol={"kind": "fixed-delay", "tau": 4}, cluster={},
+    scn = scenario(protocol={"kind": "fixed-delay", "tau": 4},
+                   cluster={"learners": 5, "compute": {"dist": "constant", "value": 1.0}},
                    optimizer={"lr": 0.05, "lr_rule": "nan-at-3-test"},
                    run={"updates": 30, "eval_every": 0})
     res = run(scn)

@@ -29,18 +29,13 @@ from asyncsim.scenario import load_scenario
 from asyncsim.testing import check_trace
 from asyncsim.trace import Trace
 
-TINY_DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
-TINY_MODEL = {"name": "mlp", "hidden": [16]}
 
-
-def tiny(**kw):
-    d = {"name": "tiny", "seed": 7, "model": TINY_MODEL, "data": TINY_DATA,
-         "cluster": {"learners": 3, "compute": {"dist": "lognormal", "mean": 1.0, "cv": 0.5}},
-         "protocol": {"kind": "async"},
-         "optimizer": {"lr": 0.05}, "run": {"updates": 12}}
-    for k, v in kw.items():
-        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
-    return load_scenario(d)
+@pytest.fixture(scope="module")
+def tiny(tiny):
+    """This module's tiny scenarios: three learners of unequal speed, 12 updates."""
+    return type(tiny)({**tiny.base, "run": {"updates": 12},  # no evaluations in between
+                       "cluster": {"learners": 3, "compute": {"dist": "lognormal", "mean": 1.0,
+                                                              "cv": 0.5}}})
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +52,7 @@ def num_cache():
     return get
 
 
-def test_one_learner_zero_delay_is_plain_sgd(num_cache):
+def test_one_learner_zero_delay_is_plain_sgd(num_cache, tiny):
     scn = tiny(cluster={"learners": 1, "compute": {"dist": "constant", "value": 1.0}})
     res = run(scn, numerics=num_cache(scn))
     num = num_cache(scn)
@@ -75,7 +70,7 @@ def test_one_learner_zero_delay_is_plain_sgd(num_cache):
     assert not res.trace.staleness.any()
 
 
-def test_hardsync_is_sgd_with_batch_mu_lambda(num_cache):
+def test_hardsync_is_sgd_with_batch_mu_lambda(num_cache, tiny):
     scn = tiny(protocol={"kind": "hardsync"}, cluster={"learners": 4})
     res = run(scn, numerics=num_cache(scn))
     num = num_cache(scn)
@@ -96,7 +91,7 @@ def test_hardsync_is_sgd_with_batch_mu_lambda(num_cache):
     ("ssp", {"s": 1}), ("fixed-delay", {"tau": 2}),
 ])
 @pytest.mark.parametrize("momentum", ["none", "heavy-ball", "nesterov", "shifted"])
-def test_replay_equals_online(kind, extra, momentum, num_cache):
+def test_replay_equals_online(kind, extra, momentum, num_cache, tiny):
     proto = {"kind": kind, **extra}
     cluster = {} if kind == "fixed-delay" else {"learners": 3}
     scn = tiny(protocol=proto, optimizer={"lr": 0.03, "lr_rule": "inverse-staleness",
@@ -117,7 +112,7 @@ def test_replay_equals_online(kind, extra, momentum, num_cache):
     ({"kind": "softsync", "n": 1}, 6),  # c = 6: gradients vmapped inside the scan body
     ({"kind": "hardsync"}, 6),  # nothing stale: no version buffer, c = 6
 ])
-def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
+def test_scan_path_agrees_with_the_loop(proto, learners, num_cache, tiny):
     from asyncsim.drivers.choose import choose_path
 
     cluster = {"learners": learners}
@@ -140,7 +135,7 @@ def test_scan_path_agrees_with_the_loop(proto, learners, num_cache):
     assert choose_path(scn, res.trace, numerics=num) in ("loop", "scan")
 
 
-def test_gradient_store_with_unread_and_shared_versions_agrees_with_the_loop(num_cache):
+def test_gradient_store_with_unread_and_shared_versions_agrees_with_the_loop(num_cache, tiny):
     """Pull latency under ssp: some versions are read by no gradient (the update computes
     into the scratch slot) and others by several (the extra reads loop)."""
     scn = tiny(protocol={"kind": "ssp", "s": 1}, run={"updates": 40},
@@ -158,7 +153,7 @@ def test_gradient_store_with_unread_and_shared_versions_agrees_with_the_loop(num
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def test_one_scan_program_serves_every_chunk_length():
+def test_one_scan_program_serves_every_chunk_length(tiny):
     """Chunks of any length (evaluation spacing, a trace's tail, the path probes' 12 and 48
     updates) run the same compiled program: its inputs are padded to the chunk size and
     the loop's trip count is an argument."""
@@ -256,7 +251,7 @@ def test_pending_plan_never_overwrites_a_gradient_before_it_is_applied(scn):
     assert q == max(most, 1) and (slot.size == 0 or slot.max() < q)
 
 
-def test_scan_keeps_only_the_live_versions_of_a_straggler_trace(num_cache):
+def test_scan_keeps_only_the_live_versions_of_a_straggler_trace(num_cache, tiny):
     # One learner 20x slower: the staleness reaches ~20 x 3 but only ~4 versions are alive.
     scn = tiny(cluster={"learners": 4, "compute": {"dist": "constant", "value": 1.0},
                         "speed": [1, 0.9, 0.8, 0.05]},
@@ -278,7 +273,7 @@ def test_scan_keeps_only_the_live_versions_of_a_straggler_trace(num_cache):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def test_same_scenario_same_param_hash(num_cache):
+def test_same_scenario_same_param_hash(num_cache, tiny):
     scn = tiny(protocol={"kind": "softsync", "n": 3})
     a = run(scn, numerics=num_cache(scn))
     b = run(scn, numerics=Numerics(scn))  # fresh jit caches too
@@ -286,7 +281,7 @@ def test_same_scenario_same_param_hash(num_cache):
     assert a.summary["trace_hash"] == b.summary["trace_hash"]
 
 
-def test_divergence_is_recorded_not_a_crash(tmp_path):
+def test_divergence_is_recorded_not_a_crash(tmp_path, tiny):
     scn = tiny(optimizer={"lr": 1e4}, run={"updates": 60})
     res = run(scn, out=tmp_path / "div")
     s = res.summary
@@ -296,7 +291,7 @@ def test_divergence_is_recorded_not_a_crash(tmp_path):
     assert res.trace.num_updates < 60
 
 
-def test_replay_memory_bound_is_checked_before_allocating(num_cache):
+def test_replay_memory_bound_is_checked_before_allocating(num_cache, tiny):
     scn = tiny(cluster={"learners": 3}, run={"updates": 30})
     res = run(scn, numerics=num_cache(scn))
     with pytest.raises(ReplayMemoryError, match="parameter versions"):
@@ -313,7 +308,7 @@ def test_replay_memory_bound_is_checked_before_allocating(num_cache):
                            numerics=num_cache(scn), max_memory=1000, path=path)
 
 
-def test_replay_refuses_a_trace_with_more_learners_than_the_scenario(num_cache):
+def test_replay_refuses_a_trace_with_more_learners_than_the_scenario(num_cache, tiny):
     """Shifted momentum indexes its per-learner buffers inside jit, where an out-of-range
     learner id would be clamped onto another learner's buffer rather than raise."""
     from asyncsim.errors import ScenarioError
@@ -331,7 +326,7 @@ def test_replay_refuses_a_trace_with_more_learners_than_the_scenario(num_cache):
         replay_vmapped(fewer, trace, [{"lr": 0.01}, {"lr": 0.02}])
 
 
-def test_run_folder_and_replay_folder(tmp_path):
+def test_run_folder_and_replay_folder(tmp_path, tiny):
     scn = tiny(run={"updates": 10, "eval_every": 5})
     out = tmp_path / "run"
     res = run(scn, out=out)
@@ -423,7 +418,7 @@ checkpoint_every = 20
     assert a["trace_hash"] == b["trace_hash"]
 
 
-def test_unfinished_folder_needs_resume(tmp_path):
+def test_unfinished_folder_needs_resume(tmp_path, tiny):
     from asyncsim.runs import RunFolderError
 
     out = tmp_path / "x"

@@ -6,6 +6,7 @@ tmp_path and redraws it from the run folders only. Outputs never go to figures/.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -43,14 +44,22 @@ def test_p2_f4_smoke(smoke_runs, tmp_path):
     for _, r in edge.iterrows():
         assert math.isclose(r["eta"], r["eta0"] * math.sin(math.pi / (4 * r["tau"] + 2)))
         assert math.isclose(r["bound"], 2 / r["eta0"])
+    # The plotted sharpness is what each run measured and stored.
+    for _, r in data.iterrows():
+        point = index[(index["protocol.tau"] == r["tau"])
+                      & (index["optimizer.lr_rule"] == r["lr_rule"])]["point"].iloc[0]
+        s = json.loads((out / point / "summary.json").read_text())
+        assert r["eta"] == s["lr_at_tau"] and r["diverged"] == s["diverged"]
+        if not r["diverged"]:
+            assert r["sharpness"] == s["final_sharpness"]
     again = draw_figure("p2_f4", out, tmp_path / "redraw")
-    assert (tmp_path / "redraw" / "p2_f4.png").stat().st_size > 1000 and len(again) == 2
+    pd.testing.assert_frame_equal(pd.read_csv(again[1]), data)
 
 
 def test_p2_f2_smoke_has_network_points_and_trajectories(smoke_runs):
     out = smoke_runs / "p2_f2-smoke"
     figs = out / "figures"
-    assert (figs / "p2_f2.png").stat().st_size > 1000
+    assert (figs / "p2_f2.png").exists()
     data = pd.read_csv(figs / "p2_f2.csv")
     quad = data[data["source"] == "quadratic"]
     rr = quad[quad["schedule"] == "round-robin"]
@@ -62,3 +71,12 @@ def test_p2_f2_smoke_has_network_points_and_trajectories(smoke_runs):
         (0, "constant"), (2, "stability-edge")}
     assert (traj.groupby("tau")["update"].max() == pd.Series({0: 20, 2: 65})).all()
     assert traj["sharpness"].notna().all()
+    # ... as the P2-F4 runs measured them along the way (their sharpness.csv)
+    f4 = smoke_runs / "p2_f4-smoke"
+    index = pd.read_csv(f4 / "index.csv")
+    for (tau, rule), g in traj.groupby(["tau", "lr_rule"]):
+        point = index[(index["protocol.tau"] == tau)
+                      & (index["optimizer.lr_rule"] == rule)]["point"].iloc[0]
+        stored = pd.read_csv(f4 / point / "sharpness.csv")
+        assert g["sharpness"].tolist() == stored["sharpness"].tolist()
+        assert g["update"].tolist() == stored["update"].tolist()

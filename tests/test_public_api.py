@@ -1,12 +1,12 @@
-"""The top-level API: what ``asyncsim/__init__.py`` re-exports, and that no re-exported
-name hides a submodule (``asyncsim.replay`` is the function; its module is
-``asyncsim.replayer``, so ``asyncsim.replayer.slot_plan`` and ``import asyncsim.replayer``
-both reach the module)."""
+"""The top-level API: what ``asyncsim/__init__.py`` re-exports, that no re-exported name
+hides a submodule, and that asyncsim 0.1's module paths keep importing (with a
+DeprecationWarning) for a release."""
 
 import importlib
 import pkgutil
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -21,18 +21,52 @@ def test_all_names_exist_and_are_documented():
 
 def test_no_reexport_shadows_a_submodule():
     for info in pkgutil.iter_modules(asyncsim.__path__):
-        mod = importlib.import_module(f"asyncsim.{info.name}")
+        with warnings.catch_warnings():  # the 0.1 paths among them warn (tested below)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            mod = importlib.import_module(f"asyncsim.{info.name}")
         attr = getattr(asyncsim, info.name)
         assert attr is mod, f"asyncsim.{info.name} is {attr!r}, not the submodule"
 
 
-def test_replay_function_and_module():
-    import asyncsim.replayer as replayer
+OLD_PATHS = {  # asyncsim 0.1's modules: where a name they had lives now
+    "asyncsim.engine": ("Numerics", "asyncsim.numerics.numerics"),
+    "asyncsim.replayer": ("slot_plan", "asyncsim.drivers.scan"),
+    "asyncsim.online": ("Driver", "asyncsim.drivers.driver"),
+    "asyncsim.edges": ("find_edges", "asyncsim.stability.measured"),
+    "asyncsim.core": ("make_core", "asyncsim.numerics.core"),
+    "asyncsim.delays": ("Lognormal", "asyncsim.timing.delays.builtin"),
+    "asyncsim.protocols": ("Softsync", "asyncsim.timing.protocols"),
+    "asyncsim.cluster": ("Simulation", "asyncsim.timing.cluster"),
+    "asyncsim.real": ("real_run", "asyncsim.drivers.real.run"),
+    "asyncsim.models": ("mlp", "asyncsim.numerics.models.small"),
+    "asyncsim.data": ("batch_indices", "asyncsim.numerics.data"),
+    "asyncsim.sharpness": ("sharpness", "asyncsim.stability.sharpness"),
+    "asyncsim.invariants": ("check_trace", "asyncsim.testing.invariants"),
+}
 
+
+@pytest.mark.parametrize("old", sorted(OLD_PATHS))
+def test_old_module_paths_keep_importing_with_a_deprecation_warning(old):
+    name, new = OLD_PATHS[old]
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated since asyncsim 0.2"):
+        mod = importlib.import_module(old)
+    assert getattr(mod, name) is getattr(importlib.import_module(new), name)
+
+
+def test_replay_function_and_module():
+    """``asyncsim.replay`` is the API's replay (it measures what [measure] asks); the old
+    module ``asyncsim.replayer`` forwards to it and to the drivers."""
+    from asyncsim import api
+    from asyncsim.drivers import scan
+
+    sys.modules.pop("asyncsim.replayer", None)
+    with pytest.warns(DeprecationWarning):
+        replayer = importlib.import_module("asyncsim.replayer")
     assert isinstance(replayer, types.ModuleType)
     assert sys.modules["asyncsim.replayer"] is replayer
-    assert asyncsim.replay is replayer.replay and callable(asyncsim.replay)
-    assert callable(asyncsim.replayer.slot_plan)
+    assert asyncsim.replay is api.replay and replayer.replay is api.replay
+    assert replayer.slot_plan is scan.slot_plan
 
 
 def test_import_is_lazy_and_submodules_are_reachable_as_attributes():
@@ -42,9 +76,11 @@ def test_import_is_lazy_and_submodules_are_reachable_as_attributes():
 
     code = ("import sys, asyncsim, asyncsim.cli; "
             "assert 'jax' not in sys.modules and 'pandas' not in sys.modules, 'eager'; "
-            "assert callable(asyncsim.delays.register_delay); "
-            "assert 'alexnet' in asyncsim.models.available_models(); "
-            "assert asyncsim.Trace.__module__ == 'asyncsim.trace'")
+            "import asyncsim.timing.delays as d, asyncsim.numerics.models as m; "
+            "assert asyncsim.timing.delays.register_delay is d.register_delay; "
+            "assert 'alexnet' in asyncsim.numerics.models.available_models(); "
+            "assert asyncsim.Trace.__module__ == 'asyncsim.trace'; "
+            "assert asyncsim.as_optax.__module__ == 'asyncsim.numerics.core'")
     subprocess.run([sys.executable, "-c", code], check=True)
     assert set(asyncsim.__all__) <= set(dir(asyncsim))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -39,17 +40,12 @@ from asyncsim.trace import Trace  # noqa: E402
 pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parent.parent
 
-TINY_DATA = {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64}
-TINY_MODEL = {"name": "mlp", "hidden": [16]}
 
 
-def tiny(**kw):
-    d = {"name": "tiny-real", "seed": 7, "model": TINY_MODEL, "data": TINY_DATA,
-         "cluster": {"learners": 3}, "protocol": {"kind": "async"},
-         "optimizer": {"lr": 0.05}, "run": {"updates": 30, "eval_every": 10}}
-    for k, v in kw.items():
-        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
-    return load_scenario(d)
+@pytest.fixture(scope="session")
+def tiny(tiny):
+    """This module's tiny scenarios (named so that their folders say real)."""
+    return tiny.with_defaults(name="tiny-real")
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +74,7 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def async_run(cluster, tmp_path_factory):
+def async_run(cluster, tmp_path_factory, tiny):
     out = tmp_path_factory.mktemp("real") / "async"
     scn = tiny()
     summary = real_run(scn, out=out, cluster=cluster)
@@ -127,7 +123,7 @@ def test_real_cifar10_full_replays_bit_for_bit(cluster, tmp_path):
     assert res.summary["param_hash"] == s["param_hash"] and res.summary["matches_source"]
 
 
-def test_a_diverging_real_run_stops_where_its_replay_stops(cluster, tmp_path):
+def test_a_diverging_real_run_stops_where_its_replay_stops(cluster, tmp_path, tiny):
     """The one Driver on Ray too: the PS stops at the diverged update (rolled back if it
     was found late), and the replay of its trace stops there."""
     s = real_run(tiny(optimizer={"lr": 3.0}, run={"updates": 60, "eval_every": 20}),
@@ -139,7 +135,7 @@ def test_a_diverging_real_run_stops_where_its_replay_stops(cluster, tmp_path):
         assert res.summary[k] == s[k], k
 
 
-def test_real_softsync_hardsync_ssp(cluster, tmp_path):
+def test_real_softsync_hardsync_ssp(cluster, tmp_path, tiny):
     for proto in ({"kind": "softsync", "n": 1}, {"kind": "hardsync"}, {"kind": "ssp", "s": 0}):
         scn = tiny(protocol=proto, run={"updates": 6, "eval_every": 0})
         out = tmp_path / proto["kind"]
@@ -152,7 +148,7 @@ def test_real_softsync_hardsync_ssp(cluster, tmp_path):
             "param_hash"] == s["param_hash"]
 
 
-def test_fixed_delay_is_rejected(cluster, tmp_path):
+def test_fixed_delay_is_rejected(cluster, tmp_path, tiny):
     from asyncsim.errors import ScenarioError
 
     with pytest.raises(ScenarioError, match="protocol.kind"):
@@ -160,7 +156,7 @@ def test_fixed_delay_is_rejected(cluster, tmp_path):
                  out=tmp_path / "fd", cluster=cluster)
 
 
-def test_killed_learner_hardsync_goes_on_with_live_learners(cluster, tmp_path):
+def test_killed_learner_hardsync_goes_on_with_live_learners(cluster, tmp_path, tiny):
     # hardsync waits for live learners only: the round learner 1 dies in (2), and the next
     # ones until Ray has restarted it, complete with the others' gradients; it rejoins at a
     # round start (a fresh pull of the current version: staleness 0).
@@ -199,7 +195,7 @@ def test_killed_learner_hardsync_goes_on_with_live_learners(cluster, tmp_path):
     assert replay_folder(out, out=tmp_path / "replay").summary["param_hash"] == s["param_hash"]
 
 
-def test_killed_ps_resumes_from_checkpoint(cluster, tmp_path):
+def test_killed_ps_resumes_from_checkpoint(cluster, tmp_path, tiny):
     scn = tiny(run={"updates": 24, "eval_every": 4, "checkpoint_every": 5})
     out = tmp_path / "crash"
     with pytest.raises(RealRunError, match="resume"):
@@ -232,8 +228,14 @@ def test_calibrate_simulate_compare(async_run, tmp_path):
         sim = trace_run(scn, tmp_path / kind / "sim")
         check_trace(sim.trace, scn)
         res = compare(out, tmp_path / kind / "sim", figure=tmp_path / kind / "cmp.png")
-        assert 0.0 <= res["tv_distance"] <= 1.0 and np.isfinite(res["mean_b"])
-        assert (tmp_path / kind / "cmp.png").stat().st_size > 0
+        # The total variation distance, by hand from the two saved traces.
+        pa, pb = (np.bincount(Trace.load(d).staleness, minlength=64)[:64]
+                  for d in (out, tmp_path / kind / "sim"))
+        assert res["tv_distance"] == pytest.approx(0.5 * np.abs(pa / pa.sum()
+                                                                - pb / pb.sum()).sum())
+        assert res["mean_b"] == pytest.approx(sim.trace.staleness.mean())
+        assert compare(out, out)["tv_distance"] == 0.0
+        assert plt.imread(tmp_path / kind / "cmp.png").shape[:2] == (420, 720)  # 6x3.5 in
     assert (tmp_path / "empirical" / "calib_compute_0.csv").exists()
 
 
@@ -252,7 +254,7 @@ def python_plugins(fresh_registries):
     register_delay("test-real-half-or-one")(HalfOrOne)
 
 
-def test_python_registered_plugins_reach_the_actors(cluster, tmp_path, python_plugins):
+def test_python_registered_plugins_reach_the_actors(cluster, tmp_path, python_plugins, tiny):
     scn = tiny(optimizer={"lr": 0.05, "lr_rule": "test-real-halved"},
                run={"updates": 6, "eval_every": 0})
     s = real_run(scn, out=tmp_path / "real", cluster=cluster)
@@ -263,9 +265,9 @@ def test_python_registered_plugins_reach_the_actors(cluster, tmp_path, python_pl
                   ).summary["param_hash"] != s["param_hash"]
 
 
-def test_ray_executor_sweep_equals_local(cluster, tmp_path, python_plugins):
+def test_ray_executor_sweep_equals_local(cluster, tmp_path, python_plugins, tiny):
     # The points use a rule and a delay model that only this process registered.
-    raw = _raw_tiny()
+    raw = _raw_tiny(tiny)
     raw["cluster"] = {**raw["cluster"], "compute": {"dist": "test-real-half-or-one"}}
     raw["optimizer"] = {**raw["optimizer"], "lr_rule": "test-real-halved"}
     scn = load_scenario({**raw, "sweep": {"protocol.kind": ["async", "hardsync"]}})
@@ -276,10 +278,11 @@ def test_ray_executor_sweep_equals_local(cluster, tmp_path, python_plugins):
     assert (remote["status"] == "complete").all()
 
 
-def _raw_tiny():
+def _raw_tiny(tiny):
     # Seed and data as tiny(): the workers' persistent compile cache then already holds the
     # gradient function (the seed is a constant inside it).
-    return {"name": "tiny-sweep", "seed": 7, "model": TINY_MODEL, "data": TINY_DATA,
+    return {"name": "tiny-sweep", "seed": 7, "model": tiny.base["model"],
+            "data": tiny.base["data"],
             "cluster": {"learners": 2, "compute": {"dist": "lognormal", "mean": 1.0,
                                                    "cv": 0.5}},
             "optimizer": {"lr": 0.05}, "run": {"updates": 6}}

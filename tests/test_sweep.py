@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import jax
 import numpy as np
 import pandas as pd
@@ -57,30 +55,42 @@ def test_vmapped_member_equals_single_replay(path, proto):
         assert res.summary["gradients"] == single.summary["gradients"]
 
 
-def test_sweep_path_is_a_measured_choice():
-    from asyncsim.drivers.choose import sweep_path
+def test_the_sweep_path_is_the_fastest_predicted():
+    """One by one counts P times a single point's prediction; the least total wins."""
+    from asyncsim.drivers.choose import fastest, sweep_path
 
+    predicted = {("single", "loop"): 1.0, ("single", "scan"): 0.4,
+                 ("vmapped", "loop"): 1.5, ("vmapped", "scan"): 1.0}
+    assert fastest(predicted, 2) == ("single", "scan")  # 0.8 beats 1.0
+    assert fastest(predicted, 3) == ("vmapped", "scan")  # 1.2 does not
     scn = load_scenario({**BASE, "run": {"updates": 100, "eval_every": 0}})
     trace = simulate(scn)
-    hypers = [{"lr": 0.01}, {"lr": 0.02}]
-    assert sweep_path(scn, trace, hypers, numerics=Numerics(scn)) in {
-        (m, p) for m in ("single", "vmapped") for p in ("loop", "scan")}
-    assert sweep_path(scn, trace, hypers[:1]) == ("single", "loop")  # nothing to vmap
+    assert sweep_path(scn, trace, [{"lr": 0.01}]) == ("single", "loop")  # nothing to vmap
+    # Too short to probe (< 8 probes): no measurement, the exact loop.
+    assert sweep_path(scn, trace.truncate(90), [{"lr": 0.01}, {"lr": 0.02}]) == (
+        "single", "loop")
 
 
 def test_predict_times_separates_fixed_and_per_update_costs():
-    # Two fake candidates: A costs 30 ms per call whatever the length, B 1 ms per update.
-    # On 1,000 updates A must be predicted ~0.03 s and B ~1 s, although B is the faster
-    # one on the 12-update probe.
+    # Two fake candidates on a fake clock: A costs 30 ms per call whatever the length, B
+    # 1 ms per update (and 5 ms more on its first, warm-up, call). On 1,000 updates A must
+    # be predicted 0.03 s and B 1 s, although B is the faster one on the 12-update probe.
     from asyncsim.drivers.choose import predict_times
 
     scn = load_scenario({**BASE, "run": {"updates": 1000}})
     trace = simulate(scn)
-    fns = {"A": lambda probe: time.sleep(0.03),
-           "B": lambda probe: time.sleep(0.001 * probe.num_updates)}
-    t = predict_times(trace, fns, probe_updates=12, rounds=2)
-    assert t["A"] == pytest.approx(0.03, abs=0.02)
-    assert t["B"] == pytest.approx(1.0, rel=0.2)
+    now = [0.0]
+    calls = {"A": 0, "B": 0}
+
+    def cost(key, seconds):
+        calls[key] += 1
+        now[0] += seconds + (0.005 if calls[key] <= 2 else 0.0)
+
+    fns = {"A": lambda probe: cost("A", 0.03),
+           "B": lambda probe: cost("B", 0.001 * probe.num_updates)}
+    t = predict_times(trace, fns, probe_updates=12, rounds=2, clock=lambda: now[0])
+    assert t["A"] == pytest.approx(0.03, abs=1e-12)
+    assert t["B"] == pytest.approx(1.0, abs=1e-12)
 
 
 def test_sweep_groups_by_timing_and_resumes(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,8 +42,10 @@ def choose_path(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
 
 
 def predict_times(trace: Trace, candidates: Mapping[Any, Any], *, probe_updates: int = 12,
-                  rounds: int = 3) -> dict[Any, float]:
-    """Predicted wall time of each candidate ``fn(probe_trace)`` on the whole ``trace``.
+                  rounds: int = 3,
+                  clock: Callable[[], float] = time.perf_counter) -> dict[Any, float]:
+    """Predicted wall time of each candidate ``fn(probe_trace)`` on the whole ``trace``
+    (``clock``: the timer, seconds).
 
     Each candidate is compiled and warmed up, then timed on the first ``probe_updates`` and
     ``4 * probe_updates`` updates, in ``rounds`` round-robin rounds (best time of each: a
@@ -62,9 +64,9 @@ def predict_times(trace: Trace, candidates: Mapping[Any, Any], *, probe_updates:
     for _ in range(rounds):
         for key, fn in candidates.items():
             for n, probe in probes.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 fn(probe)
-                best[key, n] = min(best[key, n], time.perf_counter() - t0)
+                best[key, n] = min(best[key, n], clock() - t0)
     predicted = {}
     for key in candidates:
         per_update = max(best[key, long] - best[key, short], 0.0) / (long - short)
@@ -86,7 +88,7 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     point's), and the least wins (a single short probe would charge the one-by-one
     candidates P times for per-call costs that a long trace amortises). The scan
     is a candidate only when every update takes the same number of gradients. So the choice
-    is made for this model, batch and backend, as DESIGN.md asks (vmapping saves
+    is made for this model, batch and backend, as docs/design.md asks (vmapping saves
     dispatches, not FLOPs: it wins clearly on small models and is about even when the FLOPs
     dominate).
     """
@@ -107,8 +109,12 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
 
     fns = {(mode, path): (lambda probe, mode=mode, path=path: call(mode, path, probe))
            for path in paths for mode in ("single", "vmapped")}
-    predicted = predict_times(trace, fns, probe_updates=probe_updates)
-    # One by one runs the P points in turn: P times the single-point prediction.
-    predicted = {k: t * (P if k[0] == "single" else 1) for k, t in predicted.items()}
-    return min(predicted, key=predicted.get)
+    return fastest(predict_times(trace, fns, probe_updates=probe_updates), P)
+
+
+def fastest(predicted: Mapping[tuple[str, str], float], points: int) -> tuple[str, str]:
+    """The ``(mode, path)`` of least predicted time for ``points`` points: one by one runs
+    them in turn, so its prediction (one point's) counts ``points`` times."""
+    total = {k: t * (points if k[0] == "single" else 1) for k, t in predicted.items()}
+    return min(total, key=total.get)
 

@@ -112,7 +112,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     update (every built-in protocol's trace has it). It computes the same arithmetic as
     :func:`replay` but XLA compiles it as one program, so results agree to floating-point
     tolerance rather than bit for bit; :func:`replay` stays the exact reference. Which is
-    faster depends on the model and backend (DESIGN.md): on 2 CPU cores a scan over
+    faster depends on the model and backend (docs/design.md): on 2 CPU cores a scan over
     convolutions runs slower than a loop of jitted steps, while small dense models gain
     from losing the per-step dispatch.
     """
@@ -279,6 +279,9 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
     :mod:`asyncsim.stability.measured`.
     Compiled once per (Numerics, c, K, vmapped, store, reads, traces, growth) and chunk
     size L."""
+    # Why this is long: the bodies (versions store, gradient store) and the loops around them
+    # (losses, growth windows) are closures over one compiled program's constants: the model,
+    # the data on the device, c, K, the store; each is short and says what it does.
     cache = num.__dict__.setdefault("_scan_cache", {})
     key = (c, K, vmapped, store, reads, traces, growth)
     if key in cache:

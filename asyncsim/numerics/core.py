@@ -245,6 +245,9 @@ def make_core(
 
     With a constant rate, rate-inside heavy ball equals PyTorch's/optax's rate-outside form.
     """
+    # Why this is long: init and apply are closures over the one configuration (rule,
+    # schedule, weight-decay multipliers, momentum kind), as optax builds its transforms;
+    # the arithmetic of each momentum kind lives in _plain and _shifted.
     kind = check_momentum_kind(opt.momentum.kind)
     if num_learners < 1:
         raise ValueError(f"num_learners must be >= 1, got {num_learners!r}")
@@ -334,44 +337,13 @@ def make_core(
         wd = hyper["weight_decay"]
         beta = hyper["beta"]
 
-        def cast(x, p):
-            return x.astype(jnp.result_type(p))
-
         if kind == "shifted":
             new_params, momentum = _shifted(
                 params, state.momentum, grads, weights, learner_ids, valid, mult, wd, beta
             )
         else:
-            # d = sum_l w_l g_l + (sum_l w_l) wd_p theta  (weight decay on the fresh theta)
-            w_total = jnp.sum(weights)
-            if c == 1:
-                # One gradient (async, fixed delay, lambda-softsync): the same value without
-                # a reduction over a length-1 axis, which XLA's CPU backend materialises as
-                # a separate pass over the parameters (measured ~25% of a small MLP step).
-                d = tm(lambda g, p, k: cast(weights[0] * g[0] + (w_total * (wd * k)) * p, p),
-                       grads, params, mult)
-            else:
-                d = tm(
-                    lambda g, p, k: cast(
-                        jnp.sum(_bcast(weights, g) * g, axis=0) + (w_total * (wd * k)) * p, p
-                    ),
-                    grads,
-                    params,
-                    mult,
-                )
-            if kind == "none":
-                momentum = ()
-                step_ = d
-            elif kind == "heavy-ball":
-                momentum = tm(lambda m, x: cast(beta * m + x, m), state.momentum, d)
-                step_ = momentum
-            elif kind == "dampened":
-                momentum = tm(lambda m, x: cast(beta * m + (1.0 - beta) * x, m), state.momentum, d)
-                step_ = momentum
-            else:  # nesterov
-                momentum = tm(lambda m, x: cast(beta * m + x, m), state.momentum, d)
-                step_ = tm(lambda x, m: cast(x + beta * m, m), d, momentum)
-            new_params = tm(lambda p, s: cast(p - s, p), params, step_)
+            new_params, momentum = _plain(kind, params, state.momentum, grads, weights, mult,
+                                          wd, beta)
 
         if valid is not None:
             # An all-padding update is a no-op (momentum must not decay on an empty update).
@@ -393,6 +365,42 @@ def make_core(
 def _bcast(v: jax.Array, like: jax.Array) -> jax.Array:
     """Reshape a ``[c]`` vector to broadcast against a ``[c, ...]`` leaf."""
     return v.reshape(v.shape + (1,) * (like.ndim - 1))
+
+
+def _cast(x, p):
+    return x.astype(jnp.result_type(p))
+
+
+def _plain(kind, params, buffers, grads, weights, mult, wd, beta):
+    """Every momentum kind but shifted: one aggregate step d, then the kind's buffer."""
+    tm = jax.tree_util.tree_map
+    cast = _cast
+    c = weights.shape[0]
+    # d = sum_l w_l g_l + (sum_l w_l) wd_p theta  (weight decay on the fresh theta)
+    w_total = jnp.sum(weights)
+    if c == 1:
+        # One gradient (async, fixed delay, lambda-softsync): the same value without a
+        # reduction over a length-1 axis, which XLA's CPU backend materialises as a separate
+        # pass over the parameters (measured ~25% of a small MLP step).
+        d = tm(lambda g, p, k: cast(weights[0] * g[0] + (w_total * (wd * k)) * p, p),
+               grads, params, mult)
+    else:
+        d = tm(lambda g, p, k: cast(jnp.sum(_bcast(weights, g) * g, axis=0)
+                                    + (w_total * (wd * k)) * p, p),
+               grads, params, mult)
+    if kind == "none":
+        momentum = ()
+        step_ = d
+    elif kind == "heavy-ball":
+        momentum = tm(lambda m, x: cast(beta * m + x, m), buffers, d)
+        step_ = momentum
+    elif kind == "dampened":
+        momentum = tm(lambda m, x: cast(beta * m + (1.0 - beta) * x, m), buffers, d)
+        step_ = momentum
+    else:  # nesterov
+        momentum = tm(lambda m, x: cast(beta * m + x, m), buffers, d)
+        step_ = tm(lambda x, m: cast(x + beta * m, m), d, momentum)
+    return tm(lambda p, s: cast(p - s, p), params, step_), momentum
 
 
 def _shifted(params, buffers, grads, weights, learner_ids, valid, mult, wd, beta):

@@ -1,6 +1,6 @@
 """Data sets and deterministic mini-batch sampling.
 
-Contract (DESIGN.md, "Data and models" and "Determinism"):
+Contract (docs/design.md, "Determinism"):
 
 * :class:`Dataset` holds float32 train/test arrays ``(N, *input_shape)`` normalised with the
   *train* set's per-channel mean/std, int32 labels and ``num_classes``.

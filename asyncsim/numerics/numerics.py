@@ -11,7 +11,7 @@ A gradient's inputs are fixed at pull time (the version read and the mini-batch
 ``batch_indices(seed, learner, batch)``), so gradients are computed lazily, when the update
 that takes them is applied; the simulated timeline never depends on that choice.
 
-Grouping (DESIGN.md, "Performance principles"): gradients of one update that read the same
+Grouping (README, "Performance"): gradients of one update that read the same
 version can be computed by one vmapped call (``grouping="version"``) or one by one
 (``grouping="none"``). On JAX's CPU backend separate calls measured faster for small
 per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on GPU/TPU;

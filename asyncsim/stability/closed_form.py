@@ -2,7 +2,7 @@
 
 Reference: Giladi, Shpigel Nacson, Hoffer, Soudry, "At Stability's Edge: How to Adjust
 Hyperparameters to Preserve Minima Selection in Asynchronous Training of Neural Networks?",
-ICLR 2020, arXiv 1909.12340 (P2 in ``/work/shared/PAPERS.md``).
+ICLR 2020, arXiv 1909.12340 (P2 in ``docs/papers.md``).
 
 Setting. Near a minimum, along a Hessian eigenvector with eigenvalue λ, the loss is
 ``λ w²/2`` and the gradient is ``λ w``. With ``x = η·λ`` every update below is a linear
@@ -30,7 +30,7 @@ Derivations (one line each):
 
       (z − 1)(z^{τ+1} − β) + x z = 0                                (P2, shifted)
 
-All four agree with PAPERS.md. The extra root ``z = 0`` of the momentum polynomials (for
+All four agree with docs/papers.md. The extra root ``z = 0`` of the momentum polynomials (for
 τ ≥ 1) is harmless. At τ = 0 shifted momentum *is* heavy ball; at β = 0 every kind is plain.
 
 Edge. For ``0 ≤ |β| < 1`` and small ``x > 0`` every root is inside the unit disk (the root at
@@ -50,7 +50,7 @@ crossing angle, found by vectorised bisection to machine precision; the edge is 
 with ``β ≥ 0`` the modulus increases with θ, so ``k = 0`` wins; shifted momentum's modulus
 oscillates, so later ``k`` are checked until a lower bound rules them out. The plain edge
 uses the closed form ``2 sin(π/(4τ+2))`` (the ``k = 0`` crossing, ``θ = π/(2τ+1)``).
-Shifted momentum at τ = 1 also has one: ``1 − β²`` (not in PAPERS.md; tested).
+Shifted momentum at τ = 1 also has one: ``1 − β²`` (not in the papers; tested).
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def effective_edge(tau, momentum: str = "none", beta=0.0):
 
 
 def asymptote(tau, momentum: str = "none", beta=0.0):
-    """Large-τ approximation of :func:`edge` (raw ``η·λ`` units; P2 / PAPERS.md).
+    """Large-τ approximation of :func:`edge` (raw ``η·λ`` units; P2 / docs/papers.md).
 
     ``"none"``: ``π/(2τ+1)``; ``"heavy-ball"``: ``(1−β)π/(2τ)``; ``"dampened"``: ``π/(2τ)``;
     ``"shifted"``: ``√(1−β²)·arccos(β)/(τ+1)``. The heavy-ball form needs

@@ -44,7 +44,6 @@ def check_trace(trace: Trace, scenario: Scenario) -> None:
     g, u = trace.grads, trace.updates
     n, m = trace.num_gradients, trace.num_updates
     lam = scenario.cluster.learners
-    proto = scenario.protocol
 
     if not np.array_equal(u["version"], np.arange(m)):
         raise TraceInvariantError("update versions are not 0, 1, 2, ...")
@@ -88,6 +87,15 @@ def check_trace(trace: Trace, scenario: Scenario) -> None:
         _fail(f"learner {learner} reads decreasing versions", trace,
               rows[1:][np.diff(g["read_version"][rows]) < 0])
 
+    _check_protocol(trace, scenario)
+
+
+def _check_protocol(trace: Trace, scenario: Scenario) -> None:
+    """The per-protocol invariants of :func:`check_trace`."""
+    g, u = trace.grads, trace.updates
+    m = trace.num_updates
+    lam = scenario.cluster.learners
+    proto = scenario.protocol
     kind = proto.kind
     if kind == "hardsync":
         _fail("hardsync staleness must be 0", trace, g["staleness"] != 0)

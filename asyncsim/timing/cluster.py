@@ -7,7 +7,7 @@ pull again. The protocol (:mod:`asyncsim.protocols`) decides when the PS updates
 gradients each update takes. Nothing here looks at gradient values: the same run with or
 without numerics has the same timeline.
 
-Determinism (DESIGN.md): every random stream is a ``numpy.random.Generator`` built from
+Determinism (docs/design.md): every random stream is a ``numpy.random.Generator`` built from
 ``SeedSequence(seed, spawn_key=(stream, learner))`` — one stream per learner and per link
 direction — so adding learner 31 leaves learners 0–30's draws unchanged. The global
 ``random`` and ``np.random`` state are never used.

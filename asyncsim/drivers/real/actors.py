@@ -1,6 +1,6 @@
 """Real distributed runs on Ray: learner actors, a parameter-server actor, the same numerics.
 
-``asyncsim real SCENARIO`` runs the scenario's cluster for real (DESIGN.md, "real" driver):
+``asyncsim real SCENARIO`` runs the scenario's cluster for real (docs/design.md, "The one Driver"):
 
 * every **learner** is a Ray actor holding its own
   :class:`~asyncsim.numerics.numerics.Numerics` (same model, same data set, same jitted
@@ -380,6 +380,9 @@ class PSImpl:
     # -------------------------------------------------------------- the loop
     def run(self, limits: dict[str, Any], info: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run to the scenario's length; write the run folder; return the summary."""
+        # Why this is long: it is the PS's event loop over Ray futures (arrivals, lost
+        # learners and their restarts, probes, the stop); the bookkeeping it calls is in the
+        # methods above.
 
         self.max_updates = limits.get("max_updates")
         self.max_gradients = limits.get("max_gradients")

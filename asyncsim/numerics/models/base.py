@@ -1,6 +1,6 @@
 """Models: pure ``init``/``apply``/``loss`` function triples keyed by name.
 
-Contract (other modules code against exactly this; DESIGN.md, "Data and models"):
+Contract (other modules code against exactly this; docs/design.md):
 
 * A :class:`Model` bundles ``init(key) -> params`` (a nested dict ``{"layer": {"w": .., "b": ..}}``
   of float32 arrays), ``apply(params, x) -> logits`` (pure, no mutable state),

@@ -53,6 +53,8 @@ def mlp(
       flattening, e.g. 32x32x3 -> 8x8x3 = 192 features at ``k = 4``: a cheap low-dimensional
       input for CPU-scale studies. ``input_shape`` stays the un-pooled shape.
     """
+    # Why this is long: one factory builds the model's pure functions (init, features,
+    # apply, the two losses and their dense-input heads) as closures over its options.
     empty = isinstance(hidden, Sequence) and not isinstance(hidden, str) and len(hidden) == 0
     hidden = () if empty else shape("hidden", hidden)
     input_shape = shape("input_shape", input_shape)

@@ -4,9 +4,9 @@ A delay model is a small class that draws one non-negative duration (in simulate
 from the numpy ``Generator`` it is given. Scenario files name a model and its parameters,
 ``{dist = "lognormal", mean = 1.0, cv = 0.1}``; :func:`make_delay` turns such a spec into a
 model, checking the parameters against the class's ``__init__`` signature so that a user's
-model gets exactly the same checks as a built-in (DESIGN.md, "Plug-ins").
+model gets exactly the same checks as a built-in (docs/plugins.md).
 
-Determinism (DESIGN.md, "Determinism"): every draw comes from the ``Generator`` passed in,
+Determinism (docs/design.md, "Determinism"): every draw comes from the ``Generator`` passed in,
 never from ``random`` or the ``np.random.*`` module functions. The simulator gives each
 (learner, link) its own Generator spawned from ``SeedSequence(seed)``, so adding a learner
 does not change the other learners' draws.
@@ -32,7 +32,7 @@ Built-ins (parameters; the distribution of one draw):
                             the measured durations in one column of a CSV file.
 ==========================  ===============================================================
 
-P1 (PAPERS.md) contrasts low-variance compute times (cv <= 0.1, e.g. ``lognormal``) with
+P1 (docs/papers.md) contrasts low-variance compute times (cv <= 0.1, e.g. ``lognormal``) with
 exponential ones, which is why both parameterisations are by mean and spread.
 
 Plug-ins: :func:`register_delay` registers a class by name from Python; packages expose
