@@ -42,7 +42,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
         beta = float(scn["optimizer"].get("momentum", {}).get("beta", 0.9))
         kind = scn["optimizer"].get("momentum", {}).get("kind", "none")
         tau = 0 if p["protocol"] == "hardsync" else int(round(s.get("staleness_mean") or 0))
-        rate = p["lr"] / max(tau, 1) if p["lr_rule"] == "inverse-staleness" else p["lr"]
+        rate = float(s["lr_at_mean_tau"])  # the rule's rate at the run's mean staleness
         e = edge(tau, kind if kind != "none" else "none", beta if kind != "none" else 0.0)
         upd = pd.read_parquet(p["folder"] / "updates.parquet", columns=["train_loss"])
         lam = int(p["learners"])

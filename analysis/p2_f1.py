@@ -34,8 +34,7 @@ def points(sweep_dir: Path) -> pd.DataFrame:
         evals = pd.read_csv(folder / "eval.csv") if (folder / "eval.csv").exists() else None
         best = float(evals["test_error"].min()) if evals is not None else math.nan
         rows.append({"tau": tau, "lr_rule": rule, "eta0": eta0,
-                     "eta": eta0 * math.sin(math.pi / (4 * tau + 2))
-                     if rule == "stability-edge" else eta0,
+                     "eta": float(s["lr_at_tau"]),  # the rate the run used at delay τ
                      "seed": scn.get("seed", 0),
                      "final_test_error": s.get("final_test_error"),
                      "best_test_error": best,

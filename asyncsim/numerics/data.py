@@ -41,7 +41,6 @@ import hashlib
 import os
 import pickle
 import tarfile
-import tempfile
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._checks import flag, integer, nonneg
+from asyncsim._io import atomic
 from asyncsim._registry import PluginRegistry, build, callable_value, option_defaults
 from asyncsim.errors import ScenarioError
 
@@ -432,28 +432,25 @@ def default_cache_dir() -> Path:
 def fetch(url: str, dest: Path, sha256: str, *, timeout: float = 60.0) -> Path:
     """Fetch ``url`` to ``dest`` atomically, verifying its SHA-256.
 
-    Streams into a temporary file next to ``dest`` and renames it into place only when the
-    checksum matches; on a mismatch or any error the temporary file is deleted, so the cache
-    never holds a partial or unverified file.
+    Streams into a temporary file next to ``dest`` (:func:`asyncsim._io.atomic`) and renames
+    it into place only when the checksum matches; on a mismatch or any error the temporary
+    file is deleted, so the cache never holds a partial or unverified file.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
     try:
-        h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+        with (atomic(dest) as tmp, open(tmp, "wb") as out,
+              urllib.request.urlopen(url, timeout=timeout) as resp):
+            h = hashlib.sha256()
             for chunk in iter(lambda: resp.read(1 << 20), b""):
                 h.update(chunk)
                 out.write(chunk)
-        got = h.hexdigest()
-        if got.lower() != sha256.lower():
-            raise DataError(f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}")
-        os.replace(tmp, dest)
+            got = h.hexdigest()
+            if got.lower() != sha256.lower():  # raised inside: the file is not kept
+                raise DataError(f"checksum mismatch for {url}: expected sha256 {sha256}, "
+                                f"got {got}")
     except OSError as err:
         raise DataError(f"download of {url} failed: {err}") from err
-    finally:
-        tmp.unlink(missing_ok=True)
     return dest
 
 

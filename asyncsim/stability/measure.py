@@ -9,8 +9,8 @@ no numerics; an import-linter contract).
   (``final_sharpness``: P2's power iteration, tolerance 1e-6, at most 100 iterations; and
   ``final_sharpness_lanczos``, 40 Lanczos steps, a check when the top eigenvalues are close),
   and ``sharpness_points`` times along the run (30-step Lanczos, residual 1e-4) into the
-  folder's ``sharpness.csv``. With a delay τ (``protocol.tau``) the summary also gets
-  ``lr_at_tau``, the rate the run's rule gives at delay τ (P2's η_τ for ``stability-edge``).
+  folder's ``sharpness.csv``, with the rate the run's rule gives at its delay τ
+  (``protocol.tau``; the Driver records it in every such run's summary as ``lr_at_tau``).
 * :func:`sweep_edges`: a sweep of fixed-delay traces on a one-dimensional quadratic measures
   each trace's stability edge (:func:`asyncsim.stability.measured.edges_of_traces`) into the
   sweep folder's ``edges.csv``, once the points are complete.
@@ -106,7 +106,7 @@ class Sharpness:
     def finish(self, driver: Driver) -> dict[str, Any]:
         m, model = self.scn.measure, driver.num.model
         x, y = self._batch(driver)
-        out: dict[str, Any] = {"lr_at_tau": self.lr} if self.tau is not None else {}
+        out: dict[str, Any] = {}
         if m.initial_sharpness:
             out["initial_sharpness"] = sharpness(model, driver.num.init_params(), x, y,
                                                  max_iter=100, tol=1e-4)

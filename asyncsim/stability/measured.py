@@ -44,7 +44,7 @@ import pandas as pd
 
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import numerics_for
-from asyncsim.drivers.scan import growth_windows
+from asyncsim.drivers.scan import growth_inputs, growth_windows
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
@@ -108,13 +108,15 @@ def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
 
 # ------------------------------------------------------------------------------ executing
 def growth(traces: Sequence[Trace], scn: Scenario, lrs: np.ndarray,
-           numerics: Numerics | None = None) -> tuple[np.ndarray, np.ndarray]:
+           numerics: Numerics | None = None, inputs=None) -> tuple[np.ndarray, np.ndarray]:
     """Windows A and B (module docstring) of every trace under every rate of ``lrs`` ([T, K]),
     by the compiled-chunk executor (:func:`asyncsim.drivers.scan.growth_windows`): the
-    protocol's traces, the scenario's update core, one program for all T x K runs."""
+    protocol's traces, the scenario's update core, one program for all T x K runs
+    (``inputs``: the traces' :func:`~asyncsim.drivers.scan.growth_inputs`, when reused)."""
     m = traces[0].num_updates
     q = (m // 4, m // 2, (3 * m) // 4)
-    return growth_windows(numerics or numerics_for(scn), traces, lrs, growth=q)
+    return growth_windows(numerics or numerics_for(scn), inputs or growth_inputs(traces), lrs,
+                          growth=q)
 
 
 def stable_mask(window_a: np.ndarray, window_b: np.ndarray, *, noise: bool = False) -> np.ndarray:
@@ -184,12 +186,13 @@ class _Measure:
     def __init__(self, num: Numerics, scn: Scenario, traces: list[Trace], eigenvalue: float,
                  noise: bool):
         self.num, self.scn, self.traces, self.lam, self.noise = num, scn, traces, eigenvalue, noise
+        self.inputs = growth_inputs(traces)  # once for every call of the search
         self.n_problems = len(traces)
         self.calls = 0
 
     def __call__(self, xs: np.ndarray) -> np.ndarray:
         self.calls += 1
-        wa, wb = growth(self.traces, self.scn, np.asarray(xs) / self.lam, self.num)
+        wa, wb = growth(self.traces, self.scn, np.asarray(xs) / self.lam, self.num, self.inputs)
         return stable_mask(wa, wb, noise=self.noise)
 
 

@@ -195,12 +195,12 @@ def quadratic_spectrum(model: Model) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def _softmax_xent(logits: jax.Array, y: jax.Array) -> jax.Array:
+def softmax_xent(logits: jax.Array, y: jax.Array) -> jax.Array:
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, y.astype(jnp.int32)[:, None], axis=-1))
 
 
-def _classifier(
+def classifier(
     name: str,
     init: Callable[[jax.Array], PyTree],
     apply: Callable[[PyTree, jax.Array], jax.Array],
@@ -208,17 +208,17 @@ def _classifier(
     num_classes: int,
 ) -> Model:
     def loss(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
-        return _softmax_xent(apply(params, x), y)
+        return softmax_xent(apply(params, x), y)
 
     return Model(name, init, apply, loss, tuple(int(s) for s in input_shape), int(num_classes))
 
 
-def _conv(x: jax.Array, w: jax.Array, stride: int = 1, pad: int | str = "SAME") -> jax.Array:
+def conv2d(x: jax.Array, w: jax.Array, stride: int = 1, pad: int | str = "SAME") -> jax.Array:
     padding = [(pad, pad), (pad, pad)] if isinstance(pad, int) else pad
     return jax.lax.conv_general_dilated(
         x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
     )
 
 
-def _he_normal(key: jax.Array, shape: Sequence[int], fan_in: int) -> jax.Array:
+def he_normal(key: jax.Array, shape: Sequence[int], fan_in: int) -> jax.Array:
     return jax.random.normal(key, shape, jnp.float32) * jnp.float32(math.sqrt(2.0 / fan_in))

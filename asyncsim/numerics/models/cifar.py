@@ -12,9 +12,9 @@ from asyncsim._checks import choice, flag, integer
 from asyncsim.numerics.models.base import (
     Model,
     PyTree,
-    _classifier,
-    _conv,
-    _he_normal,
+    classifier,
+    conv2d,
+    he_normal,
     register_model,
 )
 
@@ -104,7 +104,7 @@ def cifar10_full(*, lrn: bool = True, init: str = "he", num_classes: int = 10) -
         for k, (layer, shape) in zip(keys, shapes.items(), strict=True):
             fan_in = int(np.prod(shape[:-1]))
             if init == "he":
-                w = _he_normal(k, shape, fan_in)
+                w = he_normal(k, shape, fan_in)
             else:
                 w = jax.random.normal(k, shape, jnp.float32) * jnp.float32(caffe_std[layer])
             params[layer] = {"w": w, "b": jnp.zeros((shape[-1],), jnp.float32)}
@@ -114,16 +114,16 @@ def cifar10_full(*, lrn: bool = True, init: str = "he", num_classes: int = 10) -
         return local_response_norm_within_channel(h) if lrn else h
 
     def apply(params: PyTree, x: jax.Array) -> jax.Array:
-        h = _conv(x, params["conv1"]["w"], pad=2) + params["conv1"]["b"]
+        h = conv2d(x, params["conv1"]["w"], pad=2) + params["conv1"]["b"]
         h = norm(jax.nn.relu(_max_pool_ceil(h)))
-        h = jax.nn.relu(_conv(h, params["conv2"]["w"], pad=2) + params["conv2"]["b"])
+        h = jax.nn.relu(conv2d(h, params["conv2"]["w"], pad=2) + params["conv2"]["b"])
         h = norm(_avg_pool_ceil(h))
-        h = jax.nn.relu(_conv(h, params["conv3"]["w"], pad=2) + params["conv3"]["b"])
+        h = jax.nn.relu(conv2d(h, params["conv3"]["w"], pad=2) + params["conv3"]["b"])
         h = _avg_pool_ceil(h)
         h = h.reshape(h.shape[0], -1)
         return h @ params["fc"]["w"] + params["fc"]["b"]
 
-    return _classifier("cifar10-full", init_fn, apply, (32, 32, 3), num_classes)
+    return classifier("cifar10-full", init_fn, apply, (32, 32, 3), num_classes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,9 +159,9 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
                 w = jnp.zeros((3, 3, ci, co), jnp.float32)  # Fixup: branch starts at zero
             elif norm == "none" and layer != "conv_in":
                 # Fixup rescales the branch's other layers by L^(-1/(2m-2)), m = 2 layers.
-                w = _he_normal(k, (3, 3, ci, co), 9 * ci) * num_blocks ** (-0.5)
+                w = he_normal(k, (3, 3, ci, co), 9 * ci) * num_blocks ** (-0.5)
             else:
-                w = _he_normal(k, (3, 3, ci, co), 9 * ci)
+                w = he_normal(k, (3, 3, ci, co), 9 * ci)
             params[layer] = {"w": w}
             if norm == "batch":
                 # BN scale/shift; the conv needs no bias in front of BN.
@@ -181,7 +181,7 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
         return params
 
     def conv_norm(params: PyTree, layer: str, h: jax.Array, stride: int) -> jax.Array:
-        h = _conv(h, params[layer]["w"], stride=stride, pad=1)
+        h = conv2d(h, params[layer]["w"], stride=stride, pad=1)
         if norm == "none":
             return h + params[layer]["b"]
         # Batch statistics in training and evaluation alike: no running state (module docs).
@@ -205,7 +205,7 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
         h = jnp.mean(h, axis=(1, 2))
         return h @ params["fc"]["w"] + params["fc"]["b"]
 
-    return _classifier(name, init_fn, apply, (32, 32, 3), num_classes)
+    return classifier(name, init_fn, apply, (32, 32, 3), num_classes)
 
 
 @register_model("resnet20")

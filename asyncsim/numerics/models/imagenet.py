@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._checks import flag, integer
-from asyncsim.numerics.models.base import Model, _classifier, _he_normal, register_model
+from asyncsim.numerics.models.base import Model, classifier, he_normal, register_model
 
 __all__ = ["alexnet"]
 
@@ -66,7 +66,7 @@ def alexnet(*, num_classes: int = 1000, image_size: int = 227, lrn: bool = True)
 
     def init_fn(key):
         keys = jax.random.split(key, len(shapes))
-        return {name: {"w": _he_normal(k, shp, int(np.prod(shp[:-1]))),
+        return {name: {"w": he_normal(k, shp, int(np.prod(shp[:-1]))),
                        "b": jnp.zeros((shp[-1],), jnp.float32)}
                 for k, (name, shp) in zip(keys, shapes.items(), strict=True)}
 
@@ -85,4 +85,4 @@ def alexnet(*, num_classes: int = 1000, image_size: int = 227, lrn: bool = True)
         h = relu(h @ params["fc7"]["w"] + params["fc7"]["b"])
         return h @ params["fc8"]["w"] + params["fc8"]["b"]
 
-    return _classifier("alexnet", init_fn, apply, (image_size, image_size, 3), num_classes)
+    return classifier("alexnet", init_fn, apply, (image_size, image_size, 3), num_classes)

@@ -16,10 +16,10 @@ from asyncsim.numerics.models.base import (
     DenseInput,
     Model,
     PyTree,
-    _classifier,
-    _he_normal,
-    _softmax_xent,
+    classifier,
+    he_normal,
     register_model,
+    softmax_xent,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def mlp(
         keys = jax.random.split(key, len(names))
         return {
             name: {
-                "w": _he_normal(k, (a, b), a) * (hidden_gain if name != "fc" else math.sqrt(0.5)),
+                "w": he_normal(k, (a, b), a) * (hidden_gain if name != "fc" else math.sqrt(0.5)),
                 "b": jnp.zeros((b,), jnp.float32),
             }
             for k, name, a, b in zip(keys, names, sizes[:-1], sizes[1:], strict=True)
@@ -100,9 +100,9 @@ def mlp(
 
     if loss_kind == "xent":
         def head(rest: PyTree, z: jax.Array, y: jax.Array) -> jax.Array:
-            return _softmax_xent(from_first(rest, z), y)
+            return softmax_xent(from_first(rest, z), y)
 
-        return dataclasses.replace(_classifier("mlp", init_fn, apply, input_shape, num_classes),
+        return dataclasses.replace(classifier("mlp", init_fn, apply, input_shape, num_classes),
                                    dense_input=DenseInput(names[0], features, head))
 
     def mse_of(pred: jax.Array, y: jax.Array) -> jax.Array:
