@@ -32,3 +32,23 @@ def forward(old: str, targets: tuple[str, ...], namespace: dict[str, Any], *,
         raise AttributeError(f"module {old!r} has no attribute {name!r}")
 
     namespace["__getattr__"] = __getattr__
+
+
+def deprecated_names(module: str, namespace: dict[str, Any],
+                     names: Mapping[str, str | tuple[str, str]]) -> None:
+    """Give module ``module`` (globals ``namespace``) the 0.1 names ``names``, looked up on use
+    with a DeprecationWarning. Each maps to ``"module:attribute"``, its implementation, or to
+    ``("module:attribute", advice)`` where the implementation is private and the warning
+    should say what to call instead."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        spec = names[name]
+        where, advice = (spec, None) if isinstance(spec, str) else spec
+        target, _, attr = where.partition(":")
+        warnings.warn(f"{module}.{name} is deprecated since asyncsim 0.2 and will be removed; "
+                      f"use {advice or f'{target}.{attr}'}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(target), attr)
+
+    namespace["__getattr__"] = __getattr__

@@ -170,11 +170,35 @@ def signature_options(fn: Callable[..., Any]
         items = items[1:]  # self
     params = {p.name: p for p in items if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     var_kw = any(p.kind is p.VAR_KEYWORD for p in items)
+    return params, _hints(target, params), var_kw
+
+
+def _hints(target: Callable[..., Any], params: Mapping[str, inspect.Parameter]) -> dict[str, Any]:
+    """The resolved annotation of each parameter; one that cannot be resolved (a name only
+    a user's ``TYPE_CHECKING`` block imports) is ``Any``: that parameter's values are not
+    checked, and the others keep their checks."""
     try:
-        hints = typing.get_type_hints(target)
-    except Exception:  # unresolvable annotations in a user's plug-in: check names only
-        hints = {}
-    return params, hints, var_kw
+        return typing.get_type_hints(target)
+    except Exception:
+        pass
+    namespace = getattr(target, "__globals__", {})
+    hints: dict[str, Any] = {}
+    for name, p in params.items():
+        if p.annotation is p.empty:
+            continue
+        try:
+            hints[name] = typing.get_type_hints(
+                _Annotated(p.annotation, name), globalns=namespace)[name]
+        except Exception:
+            hints[name] = Any
+    return hints
+
+
+class _Annotated:
+    """One annotation as an object :func:`typing.get_type_hints` resolves alone."""
+
+    def __init__(self, annotation: Any, name: str):
+        self.__annotations__ = {name: annotation}
 
 
 def option_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -219,8 +243,7 @@ def check_options(fn: Callable[..., Any], options: Mapping[str, Any], *, key: st
                                 f"{', '.join(allowed) or 'none'}{did_you_mean(k, params)}")
         p = params.get(k)
         hint = hints.get(k, inspect.Parameter.empty)
-        if (hint is inspect.Parameter.empty and p is not None
-                and p.default not in (p.empty, None)):
+        if (p is not None and p.annotation is p.empty and p.default not in (p.empty, None)):
             hint = type(p.default)  # unannotated: infer from the default's type
         kwargs[k] = coerce(hint, v, _join(key, k), base_dir, nested or {})
     required = [n for n, p in params.items() if p.default is p.empty]

@@ -20,12 +20,13 @@ import jax
 import numpy as np
 
 from asyncsim import runs
+from asyncsim._moved import deprecated_names
 from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, to_dict
 from asyncsim.drivers import online
 from asyncsim.drivers import replay as loop
 from asyncsim.drivers.choose import choose_path
-from asyncsim.drivers.driver import RunResult, load_params
+from asyncsim.drivers.driver import RunResult, load_params, numerics_for
 from asyncsim.drivers.plugins import registries as _registries
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run
@@ -36,6 +37,14 @@ from asyncsim.trace import Trace
 
 __all__ = ["TraceResult", "compare_with_source", "registries", "replay", "replay_folder",
            "run", "simulate", "trace_fixed_changes", "trace_run"]
+
+# 0.1 names whose home moved (one release of DeprecationWarning).
+deprecated_names(__name__, globals(), {
+    "trace_summary": ("asyncsim._compat:trace_summary", "Trace.summary()"),
+    "train_size": ("asyncsim._compat:train_size", "asyncsim.numerics.data.train_size("
+                   "scn.data.name, scn.data.options)"),
+    "message_bytes": "asyncsim.drivers.driver:message_bytes",
+})
 
 
 def run(scn: Scenario, **kw: Any) -> RunResult:
@@ -135,10 +144,16 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
         raise ScenarioError("--path", "scan needs the same number of gradients in every "
                             f"update; this trace's updates take {counts.min()} to "
                             f"{counts.max()}: use --path loop (or auto)", file="asyncsim replay")
+    # The source's grouping of same-version gradients (a real run's PS computes them one by
+    # one): on a GPU, where "auto" groups them, the replay must group as the source did to
+    # replay it bit for bit.
+    source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
+    num = numerics_for(scn, grouping=source.get("grouping", "auto"))
     if path == "scan":
-        result = replay_scan(scn, trace, out=out, force=force, monitor=monitor_for(scn))
+        result = replay_scan(scn, trace, out=out, force=force, monitor=monitor_for(scn),
+                             numerics=num)
     elif path == "loop":
-        result = replay(scn, trace, out=out, force=force, progress=progress)
+        result = replay(scn, trace, out=out, force=force, progress=progress, numerics=num)
     else:
         raise ValueError(f"path must be loop, scan or auto, got {path!r}")
     result.summary.update(compare_with_source(run_dir, result))

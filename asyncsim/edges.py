@@ -5,4 +5,5 @@ Kept importing, with a DeprecationWarning, for one release.
 
 from asyncsim._moved import forward
 
-forward(__name__, ("asyncsim.stability.measured", "asyncsim.stability.measure"), globals())
+forward(__name__, ("asyncsim.stability.measured", "asyncsim.stability.measure",
+                   "asyncsim._compat"), globals())

@@ -7,7 +7,7 @@ from asyncsim._moved import forward
 
 forward(
     __name__,
-    ("asyncsim.numerics.numerics", "asyncsim.drivers.driver"),
+    ("asyncsim.numerics.numerics", "asyncsim.drivers.driver", "asyncsim._compat"),
     globals(),
     renamed={"_INIT_TAG": "INIT_TAG", "_Shared": "Programs"},
 )

@@ -14,7 +14,7 @@ forward(
         "asyncsim.drivers.scan",
         "asyncsim.drivers.vmapped",
         "asyncsim.drivers.choose",
-        "asyncsim._moved_replayer",
+        "asyncsim._compat",
     ),
     globals(),
 )

@@ -35,10 +35,13 @@ from typing import Any
 
 from asyncsim import _io
 from asyncsim._io import dump_toml
+from asyncsim._moved import deprecated_names
 from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
 
 SUMMARY = "summary.json"
+
+deprecated_names(__name__, globals(), {"jsonable": "asyncsim._io:jsonable"})
 
 
 class RunFolderError(RuntimeError):

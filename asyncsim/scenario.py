@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsim import _checks
+from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
 from asyncsim.config import Scenario, check_momentum_kind, from_dict, to_dict
 from asyncsim.errors import ScenarioError, did_you_mean
@@ -307,6 +308,10 @@ def _check_measure(scn: Scenario) -> None:
             check_momentum_kind(kind)
         except ScenarioError as e:
             raise ScenarioError(f"measure.edge_momenta[{i}]", e.message) from None
+    if m.edges and scn.protocol.kind != "fixed-delay":
+        raise ScenarioError("measure.edges", "measures the stability edge of a constant delay: "
+                            "needs protocol.kind = \"fixed-delay\" (P2's tau + 1 workers), got "
+                            f"{scn.protocol.kind!r}")
     if m.edges and (scn.model.name != "quadratic"
                     or len(scn.model.options.get("eigenvalues", [])) != 1):
         raise ScenarioError("measure.edges", "measures the stability edge of a "
@@ -321,8 +326,9 @@ def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
     from asyncsim.numerics.models import model_factory
 
     factory = (model_factory if section == "model" else dataset_factory)(name)
+    data = section == "data"  # a data set's factory gets the scenario's seed from asyncsim
     check_options(factory, options, key=section, what=section, name=name, noun="option",
-                  exclude=("seed",), also=("name", "batch_size") if section == "data"
+                  exclude=("seed",) if data else (), also=("name", "batch_size") if data
                   else ("name",), base_dir=None)
 
 
@@ -394,3 +400,7 @@ def point_scenarios(scn: Scenario) -> list[tuple[str, dict[str, Any], Scenario]]
     return [(f"p{i:03d}", p, dataclasses.replace(apply_point(scn, p) if p else scn, sweep={},
                                                  source=scn.source))
             for i, p in enumerate(points)]
+
+
+# 0.1 names (one release of DeprecationWarning): ``validate`` is :func:`check`.
+deprecated_names(__name__, globals(), {"validate": "asyncsim.scenario:check"})

@@ -204,7 +204,7 @@ def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
         except ScenarioError:  # not installed here: compare the options as written
             continue
         for name, default in option_defaults(factory).items():
-            if name in sec or name == "seed" or default is None:
+            if name in sec or (name == "seed" and section == "data") or default is None:
                 continue
             try:  # through TOML, so a default tuple compares equal to a saved list
                 sec[name] = tomllib.loads(runs.dump_toml({"v": default}))["v"]

@@ -53,6 +53,8 @@ def write(tmp_path, text, name="s.toml"):
      "cluster.learners", "tau + 1 = 3"),
     (GOOD.replace('kind = "softsync"\nn = 2', 'kind = "ssp"'), "protocol.s", "needs s"),
     (GOOD + "\n[profiles.fast.run]\nupdates = 3\n", "profiles.fast", "smoke, default, paper"),
+    (GOOD + "\n[model]\nname = \"quadratic\"\neigenvalues = [1.0]\n[measure]\nedges = true\n",
+     "measure.edges", "needs protocol.kind = \"fixed-delay\""),
 ])
 def test_invalid_scenarios_exit_2_with_one_line(tmp_path, capsys, text, key, allowed):
     path = write(tmp_path, text)

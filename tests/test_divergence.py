@@ -30,6 +30,12 @@ def stop(summary):
     return summary["diverged_at"], summary["updates"], summary["stop_reason"]
 
 
+def last_eval(result):
+    """The last evaluation row's (version, gradients, sim_time): the diverged state's."""
+    row = result.evals.iloc[-1]
+    return int(row["version"]), int(row["gradients"]), float(row["sim_time"])
+
+
 def same_params(a, b):
     return all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
                for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b),
@@ -51,6 +57,10 @@ def test_a_diverging_run_stops_at_the_diverged_update(alone, scenario):
     assert alone.trace.num_updates == v + 1 and len(alone.updates) == v + 1
     assert alone.evals["version"].iloc[-1] == v + 1
     assert s["sim_time"] == float(alone.trace.updates["time"][-1])
+    # The final evaluation is of the state after update v, with its gradient count and
+    # time (not those of the update the divergence was found at).
+    assert last_eval(alone) == (v + 1, alone.trace.num_gradients, s["sim_time"])
+    assert s["gradients"] == alone.trace.num_gradients
     # ... and the parameters are those right after update v: the first v + 1 updates of
     # the whole timeline replayed give them bit for bit; the first v do not (update v was
     # applied), and nothing after it was.
@@ -67,6 +77,7 @@ def test_replays_stop_where_the_run_stopped(alone, scenario):
     assert loop.summary["param_hash"] == alone.summary["param_hash"]
     scan = replay_scan(scenario(), full)
     assert stop(scan.summary) == stop(alone.summary)
+    assert last_eval(loop) == last_eval(scan) == last_eval(alone)
 
 
 @pytest.mark.parametrize("path", ["loop", "scan"])
@@ -78,6 +89,7 @@ def test_vmapped_points_stop_where_each_runs_alone(path, scenario):
         single = run(scenario(optimizer={"lr": lr}))
         assert stop(r.summary) == stop(single.summary), lr
         assert r.trace.num_updates == single.trace.num_updates
+        assert last_eval(r) == last_eval(single), lr
     assert not res[0].summary["diverged"] and res[1].summary["diverged"]
 
 

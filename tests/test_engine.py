@@ -418,6 +418,58 @@ checkpoint_every = 20
     assert a["trace_hash"] == b["trace_hash"]
 
 
+class _Killed(Exception):
+    pass
+
+
+class _KillAt:
+    """The scenario's monitor, dying at update ``at``: a run killed after its checkpoints
+    before ``at`` (in process, so the point is exact)."""
+
+    def __init__(self, inner, at):
+        self.inner, self.at, self.every = inner, at, inner.every
+
+    def observe(self, driver, version):
+        if version >= self.at:
+            raise _Killed(version)
+        self.inner.observe(driver, version)
+
+    def state(self):
+        return self.inner.state()
+
+    def restore(self, state):
+        self.inner.restore(state)
+
+    def finish(self, driver):
+        return self.inner.finish(driver)
+
+
+def test_resumed_run_writes_what_the_uninterrupted_one_does(tmp_path, tiny):
+    """Resumed from a checkpoint, a run's evaluations (gradients and times included: those
+    before the checkpoint are not counted twice) and what its monitor measured before the
+    checkpoint are those of the run that was never stopped."""
+    import pandas as pd
+
+    from asyncsim.api import run
+    from asyncsim.stability.measure import monitor_for
+
+    scn = tiny(run={"updates": 40, "eval_every": 5, "checkpoint_every": 10},
+               measure={"sharpness_points": 8, "sharpness_samples": 32})
+    ref = run(scn, out=tmp_path / "full")
+    killed = tmp_path / "killed"
+    with pytest.raises(_Killed):
+        run(scn, out=killed, monitor=_KillAt(monitor_for(scn), at=25))
+    assert not (killed / "summary.json").exists() and _ckpt_version(killed) == 20
+    resumed = run(scn, out=killed, resume=True)
+    assert resumed.summary["param_hash"] == ref.summary["param_hash"]
+    for name in ("eval.csv", "sharpness.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(killed / name),
+                                      pd.read_csv(tmp_path / "full" / name), check_exact=True)
+    ev = pd.read_csv(killed / "eval.csv")
+    assert ev["gradients"].iloc[-1] == resumed.trace.num_gradients
+    assert len(pd.read_csv(killed / "sharpness.csv")) == 9  # versions 0, 5, ..., 40
+
+
 def test_unfinished_folder_needs_resume(tmp_path, tiny):
     from asyncsim.runs import RunFolderError
 

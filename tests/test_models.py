@@ -257,6 +257,43 @@ def test_register_user_model(fresh_registries):
     assert get_model("test-tiny", k=3).input_shape == (3,)
 
 
+PLUGIN_WITH_TYPE_CHECKING_IMPORT = """
+from __future__ import annotations
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from not_installed_anywhere import Thing
+from asyncsim.numerics.models import get_model
+
+def seeded(seed: int = 0, width: int = 8, depth: int | None = None, other: Thing | None = None):
+    return get_model("mlp", hidden=[width])
+"""
+
+
+def test_user_model_options_are_checked_by_annotation_one_by_one(fresh_registries, tmp_path,
+                                                                 tiny):
+    """A plug-in whose annotations name a type only its TYPE_CHECKING block imports keeps the
+    checks of its other options; a model may take an option named ``seed`` (only a data set's
+    seed is asyncsim's)."""
+    ns: dict = {}
+    exec(compile(PLUGIN_WITH_TYPE_CHECKING_IMPORT, "plug.py", "exec"), ns)
+    register_model("seeded")(ns["seeded"])
+    from asyncsim.scenario import load_scenario
+
+    def with_model(**options):
+        return load_scenario({**tiny.base, "model": {"name": "seeded", **options}})
+
+    assert with_model(seed=3, width=4).model.options == {"seed": 3, "width": 4}
+    with pytest.raises(ValueError, match="model.width: must be an integer, got 'wide'"):
+        with_model(width="wide")
+    with pytest.raises(ValueError, match="model.seed: must be an integer, got 'x'"):
+        with_model(seed="x")
+    with pytest.raises(ValueError, match="model.depth: must be an integer, got .deep."):
+        with_model(depth="deep")  # no default to infer from: only its annotation says
+    assert get_model("seeded", other=object(), width=2).init is not None
+    with pytest.raises(ValueError, match="data.seed: unknown option"):
+        tiny(data={"seed": 1})
+
+
 @pytest.mark.parametrize("name,opts", [
     ("mlp", {}), ("mlp", {"hidden": []}),
     ("mlp", {"hidden": [16, 8], "activation": "tanh", "loss": "mse", "input_pool": 4}),

@@ -54,6 +54,39 @@ def test_old_module_paths_keep_importing_with_a_deprecation_warning(old):
     assert getattr(mod, name) is getattr(importlib.import_module(new), name)
 
 
+OLD_NAMES = {  # asyncsim 0.1's names in modules that stayed: what they are now
+    ("asyncsim.api", "message_bytes"): ("asyncsim.drivers.driver", "message_bytes"),
+    ("asyncsim.runs", "jsonable"): ("asyncsim._io", "jsonable"),
+    ("asyncsim.scenario", "validate"): ("asyncsim.scenario", "check"),
+    ("asyncsim.api", "trace_summary"): ("asyncsim._compat", "trace_summary"),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_NAMES), ids=".".join)
+def test_old_names_in_kept_modules_warn_and_forward(old):
+    module, name = old
+    new_module, new_name = OLD_NAMES[old]
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=f"{module}.{name} is deprecated"):
+        obj = getattr(mod, name)
+    assert obj is getattr(importlib.import_module(new_module), new_name)
+    with pytest.raises(AttributeError, match="no attribute"):
+        _ = mod.no_such_name_in_0_1
+
+
+def test_old_lr_rules_tuple_lists_the_registered_rules(tiny):
+    from asyncsim import api
+    from asyncsim.numerics.lr_rules import available_lr_rules
+
+    with pytest.warns(DeprecationWarning, match="available_lr_rules"):
+        rules = asyncsim.stability.LR_RULES
+    assert rules == tuple(available_lr_rules())
+    assert {"constant", "inverse-staleness", "stability-edge"} <= set(rules)
+    with pytest.warns(DeprecationWarning, match="Trace.summary"):
+        summary = api.trace_summary(asyncsim.simulate(tiny(run={"updates": 5})))
+    assert summary["updates"] == 5
+
+
 def test_replay_function_and_module():
     """``asyncsim.replay`` is the API's replay (it measures what [measure] asks); the old
     module ``asyncsim.replayer`` forwards to it and to the drivers."""

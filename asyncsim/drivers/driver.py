@@ -66,6 +66,9 @@ class Monitor(Protocol):
 
     def finish(self, driver: Driver) -> dict[str, Any]: ...
 
+    # Optional, for checkpoints (a resumed run keeps what was measured before them):
+    # ``state() -> JSON-able`` and ``restore(state)``.
+
 
 @dataclass
 class Observer:
@@ -252,6 +255,8 @@ class Driver:
         if start is not None:
             self.start_version, self.state, self.versions, self.rec, extra = start
             self.grads_applied = int(extra.get("grads_applied", 0))
+            if monitor is not None and "monitor" in extra and hasattr(monitor, "restore"):
+                monitor.restore(extra["monitor"])  # what it measured before the checkpoint
         else:
             self.start_version = 0
             self.state = num.init_state(**self.hyper)
@@ -286,8 +291,7 @@ class Driver:
     def on_update(self, v: int, rows: Sequence[Row], *, alive, now: float) -> bool | None:
         """Execute update ``v`` from its timing rows (loop executors: online, replay); ``alive``
         holds the versions later gradients still read. Returns False to stop the run."""
-        if v < self.start_version:  # numerics restored from the checkpoint
-            self.grads_applied += len(rows)
+        if v < self.start_version:  # restored from the checkpoint (grads_applied included)
             return None
         state, losses = self.num.update(self.state, self.versions, v, rows)
         return self.applied(v, len(rows), state, losses, alive=alive, now=now)
@@ -436,8 +440,12 @@ class Driver:
         return out
 
     def checkpoint_extra(self, done: int) -> dict[str, Any]:
-        """What a checkpoint keeps beside the numerics (the real PS adds its trace)."""
-        return {"grads_applied": self.grads_applied}
+        """What a checkpoint keeps beside the numerics (the real PS adds its trace): the
+        gradients applied and what the monitor measured so far."""
+        extra: dict[str, Any] = {"grads_applied": self.grads_applied}
+        if self.monitor is not None and hasattr(self.monitor, "state"):
+            extra["monitor"] = self.monitor.state()
+        return extra
 
     # ------------------------------------------------------------------ the end
     def finish(self, trace: Trace, t0: float, *, kind: str = "run",
@@ -448,7 +456,11 @@ class Driver:
         self.check()
         self.close_progress()
         if self.stopped_at is not None:
+            # Back to the diverged update: its time and gradient count, whatever update the
+            # divergence was found at (the evaluation below records them).
             trace = trace.truncate(self.stopped_at)
+            self.grads_applied = trace.num_gradients
+            self.now = float(trace.updates["time"][-1]) if trace.num_updates else 0.0
         if self.rec.evals[-1].version != trace.num_updates:
             self.evaluate(trace.num_updates)  # the final parameters (a diverged run's too)
         if self.stopped_at is not None:  # the final evaluation may find it too

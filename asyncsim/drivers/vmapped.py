@@ -20,7 +20,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import CHECK_EVERY, Driver, Monitor, RunResult, numerics_for
+from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
 from asyncsim.drivers.replay import (
     DEFAULT_MAX_MEMORY,
     Alive,
@@ -182,12 +182,14 @@ class _Lanes:
 
 def _loop(num: Numerics, trace: Trace, state, lanes: _Lanes) -> None:
     """The loop path: one vmapped call per update; the points' drivers are fed every
-    ``CHECK_EVERY`` updates and at evaluation points (the rollback window is the stacked
-    states of the updates in between)."""
+    ``check_every`` updates (16, fewer for big states) and at evaluation points (the
+    rollback window is the stacked states of the updates in between)."""
     progs = _vmapped_programs(num)
     f1, grad_v, apply_v = progs["f1"], progs["grad"], progs["apply"]
     x, y = num.x_train, num.y_train
     every = lanes.run.eval_every
+    # The drivers' rollback window: at most CHECK_EVERY updates, fewer for big states.
+    window_len = min(d.check_every for d in lanes.drivers)
     versions = {0: state.params}
     alive = Alive(last_use(trace))
     window: list = []
@@ -212,7 +214,7 @@ def _loop(num: Numerics, trace: Trace, state, lanes: _Lanes) -> None:
         window.append(state)
         losses.append(lo)
         done = v + 1
-        if (len(window) >= CHECK_EVERY or (every and done % every == 0)
+        if (len(window) >= window_len or (every and done % every == 0)
                 or done == trace.num_updates):
             fetched = np.stack([np.asarray(a) for a in jax.device_get(losses)], axis=1)
             if not lanes.feed(done, state, fetched, applied, now,

@@ -98,6 +98,13 @@ class Sharpness:
                           "bound": e / self.lr, "sync_bound": 2.0 / self.lr,
                           "eta_lambda": self.lr * sh, "diverged": False})
 
+    def state(self) -> list[dict[str, Any]]:
+        """The measurements so far (a checkpoint keeps them)."""
+        return [dict(r) for r in self.rows]
+
+    def restore(self, state: list[dict[str, Any]]) -> None:
+        self.rows = [dict(r) for r in state]
+
     @property
     def table(self) -> pd.DataFrame:
         """The measurements along the run, one row per measurement (``sharpness.csv``)."""

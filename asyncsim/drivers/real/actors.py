@@ -455,9 +455,11 @@ class PSImpl:
         for ref in [*self.inflight, *self.probes]:
             ray.cancel(ref, force=False)
         wall = time.perf_counter() - t_wall
+        applied = self.driver.stopped_at if self.driver.check() is False else len(self.u["version"])
         lam = len(self.learners)
-        short = ([v for v, n in zip(self.u["version"], self.u["n_grads"], strict=True)
-                  if n < lam] if any(r["event"] == "away" for r in self.restarts) else [])
+        short = ([v for v, n in zip(self.u["version"][:applied], self.u["n_grads"][:applied],
+                                    strict=True) if n < lam]
+                 if any(r["event"] == "away" for r in self.restarts) else [])
         meta = {"stop_reason": self.stop_reason or "stopped", "sim_time": self.now(),
                 "learners": len(self.learners), "protocol": self.scn.protocol.kind,
                 "seed": self.scn.seed, "kind": "real", "clock": "wall seconds",
@@ -466,21 +468,22 @@ class PSImpl:
             # Hardsync rounds completed without a dead learner (check_trace accepts them).
             meta.update({"short_rounds_allowed": True, "short_rounds": [int(v) for v in short]})
         trace = Trace.from_columns(self.g, self.u, meta)
-        res = self.driver.finish(trace, t_wall, kind="real")
-        summary = dict(res.summary)
-        new = trace.num_updates - self.driver.start_version
-        summary.update({"restarts": sum(r["event"] == "restarted" for r in self.restarts),
-                        "lost_gradients": sum(r["event"] == "lost" for r in self.restarts),
-                        "short_rounds": len(short),
-                        "resumes": len(self.resumes),
-                        "real_wall_time": wall, "updates_per_s": new / wall if wall else None,
-                        **(info or {})})
         if self.folder is not None:
             cols = ["event", "learner", "batch", "read_version", "t_pull", "t", "version",
                     "error"]
             runs.atomic_write_text(self.folder / RESTARTS,
                                    pd.DataFrame(self.restarts, columns=cols).to_csv(index=False))
-            runs.write_summary(self.folder, summary)
+        # The PS's own figures go into the one summary the driver writes (last, so a folder
+        # with summary.json is complete). updates_per_s counts every update the PS applied,
+        # those after a divergence (rolled back) included: it measures the PS's throughput.
+        new = len(self.u["version"]) - self.driver.start_version
+        extra = {"restarts": sum(r["event"] == "restarted" for r in self.restarts),
+                 "lost_gradients": sum(r["event"] == "lost" for r in self.restarts),
+                 "short_rounds": len(short),
+                 "resumes": len(self.resumes),
+                 "real_wall_time": wall, "updates_per_s": new / wall if wall else None,
+                 **(info or {})}
+        summary = self.driver.finish(trace, t_wall, kind="real", extra=extra).summary
         return {"summary": summary, "param_hash": summary["param_hash"]}
 
     def progress(self) -> int:
