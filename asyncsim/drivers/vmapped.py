@@ -139,6 +139,14 @@ def _lane(tree, k: int):
     return jax.tree_util.tree_map(lambda a: a[k], tree)
 
 
+@jax.jit
+def _unstack(tree):
+    """Every point's slice of a stacked tree, in one dispatch (slicing leaf by leaf, point by
+    point, cost ~80 us an op: more than the updates of a small model)."""
+    n = jax.tree_util.tree_leaves(tree)[0].shape[0]
+    return tuple(jax.tree_util.tree_map(lambda a, k=k: a[k], tree) for k in range(n))
+
+
 class _Lanes:
     """The P points' Drivers, fed together: each stretch of updates once for all points,
     each point's slice of the losses and of the (lazily sliced) states."""
@@ -171,9 +179,10 @@ class _Lanes:
         fetched); returns whether any point is still running."""
         evals = (self.evaluate(end, state) if self.run.eval_every
                  and end % self.run.eval_every == 0 else {})
+        states = _unstack(state)
         for k in list(self.active):
             ok = self.drivers[k].chunk_applied(
-                end, _lane(state, k), losses[k], grads, now=now,
+                end, states[k], losses[k], grads, now=now,
                 state_at=lambda v, k=k: _lane(state_at(v), k), evaluation=evals.get(k))
             if ok is False:
                 self.active.remove(k)
