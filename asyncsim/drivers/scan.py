@@ -443,12 +443,27 @@ def growth_windows(num: Numerics, inputs: tuple[tuple[np.ndarray, ...], int], lr
     xs, K = inputs
     m = xs[0].shape[1]
     lrs = np.asarray(lrs, np.float32)
-    p0 = num.init_params()
-    tm = jax.tree_util.tree_map
-    state = jax.vmap(jax.vmap(lambda lr: num.core.init(p0, lr=lr)))(jnp.asarray(lrs))
-    buf = tm(lambda p: jnp.broadcast_to(p[:, :, None], (*lrs.shape, K, *p.shape[2:])),
-             state.params)
-    windows = (jnp.zeros(lrs.shape, jnp.float32), jnp.zeros(lrs.shape, jnp.float32))
     program = _scan_program(num, 1, K, vmapped=True, traces=True, growth=growth)
-    (_, (wa, wb)), _ = program(((state, buf), windows), xs, np.int32(m))
+    (_, (wa, wb)), _ = program(_growth_start(num, K)(lrs), xs, np.int32(m))
     return np.asarray(wa), np.asarray(wb)
+
+
+def _growth_start(num: Numerics, K: int):
+    """The compiled first carry of :func:`growth_windows` for a [T, K] grid of rates: every
+    lane's core state, its versions buffer and the two windows. (Built eagerly, these ~30
+    vmapped ops cost ~1 ms per call, 4x the program itself for a one-point call.)"""
+    cache = num.__dict__.setdefault("_scan_cache", {})
+    key = ("growth_start", K)
+    if key not in cache:
+        p0 = num.init_params()
+        tm = jax.tree_util.tree_map
+
+        def start(lrs):
+            state = jax.vmap(jax.vmap(lambda lr: num.core.init(p0, lr=lr)))(lrs)
+            buf = tm(lambda p: jnp.broadcast_to(p[:, :, None], (*lrs.shape, K, *p.shape[2:])),
+                     state.params)
+            return (state, buf), (jnp.zeros(lrs.shape, jnp.float32),
+                                   jnp.zeros(lrs.shape, jnp.float32))
+
+        cache[key] = jax.jit(start)
+    return cache[key]
