@@ -80,13 +80,21 @@ def test_replays_stop_where_the_run_stopped(alone, scenario):
     assert last_eval(loop) == last_eval(scan) == last_eval(alone)
 
 
+LRS = (0.05, 3.0, 30.0)  # trains, diverges (the scenario's rate), diverges at once
+
+
+@pytest.fixture(scope="module")
+def singles(alone, scenario):
+    """Each rate of :data:`LRS` run alone (3.0 is ``alone``)."""
+    return {lr: alone if lr == 3.0 else run(scenario(optimizer={"lr": lr})) for lr in LRS}
+
+
 @pytest.mark.parametrize("path", ["loop", "scan"])
-def test_vmapped_points_stop_where_each_runs_alone(path, scenario):
-    lrs = [0.05, 3.0, 30.0]
+def test_vmapped_points_stop_where_each_runs_alone(path, scenario, singles):
     trace = simulate(scenario())
-    res = replay_vmapped(scenario(), trace, [{"lr": lr} for lr in lrs], path=path)
-    for lr, r in zip(lrs, res, strict=True):
-        single = run(scenario(optimizer={"lr": lr}))
+    res = replay_vmapped(scenario(), trace, [{"lr": lr} for lr in LRS], path=path)
+    for lr, r in zip(LRS, res, strict=True):
+        single = singles[lr]
         assert stop(r.summary) == stop(single.summary), lr
         assert r.trace.num_updates == single.trace.num_updates
         assert last_eval(r) == last_eval(single), lr
