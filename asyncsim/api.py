@@ -140,7 +140,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     counts = trace.updates["n_grads"]
     if path == "scan" and trace.num_updates == 0:
         path = "loop"  # nothing to execute: the loop path writes the same (empty) replay
-    elif path == "scan" and np.any(counts != counts[0]):
+    elif path == "scan" and trace.uniform_n_grads is None:
         raise ScenarioError("--path", "scan needs the same number of gradients in every "
                             f"update; this trace's updates take {counts.min()} to "
                             f"{counts.max()}: use --path loop (or auto)", file="asyncsim replay")

@@ -89,6 +89,16 @@ class Trace:
     def max_staleness(self) -> int:
         return int(self.staleness.max()) if self.num_gradients else 0
 
+    @property
+    def uniform_n_grads(self) -> int | None:
+        """The number of gradients every update takes, or None when it varies or there are
+        no updates: the compiled-chunk executor needs it constant (every built-in
+        protocol's trace has it; a real hardsync run with a lost learner does not)."""
+        counts = self.updates["n_grads"]
+        if counts.size == 0 or np.any(counts != counts[0]):
+            return None
+        return int(counts[0])
+
     def gradients_df(self) -> pd.DataFrame:
         """One row per applied gradient, as a pandas DataFrame."""
         return pd.DataFrame(dict(self.grads))

@@ -393,6 +393,9 @@ def test_replay_scan_of_uneven_updates_is_refused_in_one_line(tmp_path, capsys,
                  'n_train = 64\nn_test = 16\n')
     src = tmp_path / "src"
     assert main(["run", str(path), "--out", str(src), "--quiet"]) == 0
+    from asyncsim.trace import Trace
+
+    assert Trace.load(src).uniform_n_grads is None
     assert main(["replay", str(src), "--path", "scan", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--path: scan needs the same number of gradients in " \

@@ -70,6 +70,8 @@ def test_hardsync_barrier_by_hand():
         (1, 1, 1, 1, 0, 2.5, 4.5, 5.0, 5.0),
     ]
     check_trace(tr, scn)
+    assert tr.uniform_n_grads == 2  # every update takes both learners' gradients
+    assert tr.truncate(0).uniform_n_grads is None  # no updates: nothing to be uniform
 
 
 def test_softsync_fast_learner_contributes_twice_by_hand():

@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import numerics_for
 from asyncsim.drivers.replay import replay
@@ -28,17 +26,22 @@ def choose_path(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     """"loop" or "scan", whichever :func:`predict_times` expects to replay the whole trace
     faster here (both compiled first). Traces with a varying number of gradients per
     update, or too short to probe: "loop"."""
-    counts = trace.updates["n_grads"]
-    if trace.num_updates < 8 * probe_updates or np.any(counts != counts[0]):
+    if trace.num_updates < 8 * probe_updates or trace.uniform_n_grads is None:
         return "loop"
-    quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
-                                                             eval_samples=1))
+    quiet = _quiet(scn)
     num = numerics or numerics_for(quiet)
     fns = {"loop": replay, "scan": replay_scan}
     predicted = predict_times(
         trace, {p: (lambda probe, fn=fn: fn(quiet, probe, numerics=num)) for p, fn in fns.items()},
         probe_updates=probe_updates)
     return min(predicted, key=predicted.get)
+
+
+def _quiet(scn: Scenario) -> Scenario:
+    """``scn`` evaluating nothing but the end, on one sample: what a timing probe runs (the
+    candidates are timed on their updates, not on evaluations)."""
+    return dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
+                                                            eval_samples=1))
 
 
 def predict_times(trace: Trace, candidates: Mapping[Any, Any], *, probe_updates: int = 12,
@@ -75,7 +78,6 @@ def predict_times(trace: Trace, candidates: Mapping[Any, Any], *, probe_updates:
     return predicted
 
 
-
 def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]], *,
                numerics: Numerics | None = None,
                probe_updates: int = 12) -> tuple[str, str]:
@@ -95,10 +97,8 @@ def sweep_path(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, float]
     if len(hypers) < 2 or trace.num_updates < 8 * probe_updates:
         return ("single", "loop")
     num = numerics or numerics_for(scn)
-    quiet = dataclasses.replace(scn, run=dataclasses.replace(scn.run, eval_every=0,
-                                                             eval_samples=1))
-    counts = trace.updates["n_grads"]
-    paths = ["loop", "scan"] if np.all(counts == counts[0]) else ["loop"]
+    quiet = _quiet(scn)
+    paths = ["loop", "scan"] if trace.uniform_n_grads is not None else ["loop"]
     P = len(hypers)
 
     def call(mode: str, path: str, probe: Trace):

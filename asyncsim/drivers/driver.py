@@ -52,7 +52,6 @@ AUTO_CHECKPOINT_SECONDS = 60.0
 DIVERGED_FACTOR = 1e6
 
 
-
 class Monitor(Protocol):
     """What a run measures besides its metrics (:mod:`asyncsim.stability.measure`: sharpness
     along the run, at its start and end). The Driver calls :meth:`observe` at version 0,
@@ -427,13 +426,13 @@ class Driver:
             self.pbar.close()
             self.pbar = None
 
-    def _rates(self, trace: Trace) -> dict[str, float]:
+    def _rates(self, staleness_mean: float) -> dict[str, float]:
         """The per-gradient rate the run's rule gives (before any schedule), what figures
         plot against: ``lr_at_mean_tau`` at the run's mean staleness rounded to an integer
         (α0/τ̄ for inverse-staleness), and ``lr_at_tau`` at the protocol's constant delay τ
         when it has one (fixed-delay: P2's η_τ for stability-edge)."""
         rule, lr = self.scn.optimizer.lr_rule, self.hyper.get("lr", self.scn.optimizer.lr)
-        tau_bar = round(trace.staleness_stats()["staleness_mean"])
+        tau_bar = round(staleness_mean)
         out = {"lr_at_mean_tau": rate_at_delay(rule, lr, tau_bar)}
         if self.scn.protocol.tau is not None:
             out["lr_at_tau"] = rate_at_delay(rule, lr, self.scn.protocol.tau)
@@ -477,9 +476,10 @@ class Driver:
         upd = upd.iloc[:n].copy()
         upd["train_loss"] = update_means(rec.losses[:n]).tolist()
         last = rec.evals[-1]
+        trace_figures = trace.summary()
         summary = {
             "name": self.scn.name, "seed": self.scn.seed, "kind": kind,
-            **trace.summary(),
+            **trace_figures,
             "epochs": num.epoch_of(trace.num_gradients),
             "final_test_error": last.test_error,
             "final_test_loss": last.test_loss,
@@ -491,7 +491,7 @@ class Driver:
             "stop_reason": trace.meta.get("stop_reason"),
             "grouping": num.grouping,
             "backend": jax.default_backend(),
-            **self._rates(trace),
+            **self._rates(trace_figures["staleness_mean"]),
             **measured,
             **(extra or {}),
         }

@@ -93,7 +93,6 @@ def pending_plan(trace: Trace) -> tuple[np.ndarray, int]:
     return slot, max(q, 1)
 
 
-
 def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
                 hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
                 force: bool = False, chunk: int = 512, store: str = "auto",
@@ -118,11 +117,10 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     """
     check_chunk_monitor(monitor)
     num = numerics or numerics_for(scn)
-    counts = trace.updates["n_grads"]
-    m = trace.num_updates
-    if m == 0 or np.any(counts != counts[0]):
+    c = trace.uniform_n_grads
+    if c is None:
         raise ValueError("replay_scan needs the same number of gradients in every update")
-    c = int(counts[0])
+    m = trace.num_updates
     check_learners(scn, trace)
     run_chunk, xs_all, init_buf, fields = scan_setup(num, trace, c, store, max_memory)
     folder = runs.prepare(out, force=force) if out is not None else None
@@ -426,7 +424,7 @@ def growth_inputs(traces: Sequence[Trace]) -> tuple[tuple[np.ndarray, ...], int]
     m = {t.num_updates for t in traces}
     if len(m) != 1:
         raise ValueError(f"traces must have equal numbers of updates, got {sorted(m)}")
-    if min(m) == 0 or any(np.any(t.updates["n_grads"] != 1) for t in traces):
+    if any(t.uniform_n_grads != 1 for t in traces):
         raise ValueError("growth_windows needs traces of one gradient per update")
     plans = [slot_plan(t) for t in traces]
     per_trace = [_scan_inputs(t, 1, slot) for t, (slot, _) in zip(traces, plans, strict=True)]

@@ -89,12 +89,11 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     P = len(hypers)
     check_learners(scn, trace)
     m = trace.num_updates
-    counts = trace.updates["n_grads"]
     if path == "loop":  # the scan path's store is checked by scan_setup
         shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
         need = replay_memory(trace, num_params(shapes) * P)
         check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
-    elif m == 0 or np.any(counts != counts[0]):
+    elif trace.uniform_n_grads is None:
         raise ValueError("path='scan' needs the same number of gradients in every update")
     t0 = time.perf_counter()
     drivers = []
@@ -112,7 +111,7 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     lanes = _Lanes(num, drivers, scn.run)
     lanes.evaluate(0, state)
     if path == "scan":
-        c = int(counts[0])
+        c = trace.uniform_n_grads
         run_chunk, xs_all, init_buf, fields = scan_setup(num, trace, c, store, max_memory,
                                                           points=P, vmapped=True)
         times = trace.updates["time"]
