@@ -48,12 +48,9 @@ class RunFolderError(RuntimeError):
     """A run folder that cannot be used as asked (exists, incomplete, not a run)."""
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    _io.write_text(path, text)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    _io.write_json(path, obj)
+# The run folder's names for the one atomic writer (:mod:`asyncsim._io`).
+atomic_write_text = _io.write_text
+atomic_write_json = _io.write_json
 
 
 def is_complete(folder: str | os.PathLike) -> bool:

@@ -208,9 +208,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     _check_optimizer(scn)
     _check_factory("model", scn.model.name, scn.model.options)
     _check_factory("data", scn.data.name, scn.data.options)
-    if scn.data.batch_size < 1:
-        raise ScenarioError("data.batch_size",
-                            f"must be a positive integer, got {scn.data.batch_size}")
+    _checks.integer("data.batch_size", scn.data.batch_size)
     n_train = declared_train_size(scn.data.name, scn.data.options)
     if n_train is not None:
         check_batch_size(scn.data.batch_size, n_train, scn.data.name)
@@ -294,12 +292,8 @@ def _check_run(scn: Scenario) -> None:
 
 def _check_measure(scn: Scenario) -> None:
     m = scn.measure
-    if m.sharpness_samples < 1:
-        raise ScenarioError("measure.sharpness_samples",
-                            f"must be a positive integer, got {m.sharpness_samples}")
-    if m.sharpness_points < 0:
-        raise ScenarioError("measure.sharpness_points",
-                            f"must be an integer >= 0, got {m.sharpness_points}")
+    _checks.integer("measure.sharpness_samples", m.sharpness_samples)
+    _checks.integer("measure.sharpness_points", m.sharpness_points, low=0)
     if m.sharpness_points and scn.run.updates is None:
         raise ScenarioError("measure.sharpness_points", "spaces the measurements over the "
                             "run's updates: give the run's length as run.updates")
@@ -322,7 +316,7 @@ def _check_measure(scn: Scenario) -> None:
 def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
     """Model/data names against their registries; options against the factory signature
     (the one option checker, :func:`asyncsim._registry.check_options`)."""
-    from asyncsim.numerics.data import dataset_factory  # see validate
+    from asyncsim.numerics.data import dataset_factory  # see check
     from asyncsim.numerics.models import model_factory
 
     factory = (model_factory if section == "model" else dataset_factory)(name)
@@ -388,7 +382,6 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
         return from_dict(Scenario, raw)
     except ScenarioError as e:
         raise ScenarioError(f"sweep.{e.key}", e.message) from None
-
 
 
 def point_scenarios(scn: Scenario) -> list[tuple[str, dict[str, Any], Scenario]]:

@@ -44,7 +44,7 @@ from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
 from asyncsim.scenario import point_scenarios
-from asyncsim.stability.measure import EDGES_CSV, monitor_for, sweep_edges
+from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, sweep_edges
 from asyncsim.trace import Trace
 
 INDEX = "index.csv"
@@ -126,7 +126,7 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
         shared = share_traces and len(members) > 1
         trace = _group_trace(members[0]["scenario"], out / f"trace_g{g:02d}") if shared else None
         # Measurements along the run need the loop path, one point at a time.
-        observed = any(getattr(monitor_for(it["scenario"]), "every", 0) for it in todo)
+        observed = any(observes_along(it["scenario"]) for it in todo)
         hypers = (_hyper_only(todo, scn) if shared and vmap != "never" and not observed
                   else None)
         if hypers is not None and len(todo) > 1:

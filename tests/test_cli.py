@@ -53,6 +53,8 @@ def write(tmp_path, text, name="s.toml"):
      "cluster.learners", "tau + 1 = 3"),
     (GOOD.replace('kind = "softsync"\nn = 2', 'kind = "ssp"'), "protocol.s", "needs s"),
     (GOOD + "\n[profiles.fast.run]\nupdates = 3\n", "profiles.fast", "smoke, default, paper"),
+    (GOOD + "\n[measure]\nsharpness_points = -1\n", "measure.sharpness_points",
+     "an integer >= 0"),
     (GOOD + "\n[model]\nname = \"quadratic\"\neigenvalues = [1.0]\n[measure]\nedges = true\n",
      "measure.edges", "needs protocol.kind = \"fixed-delay\""),
 ])

@@ -114,8 +114,6 @@ def _stability_edge(lr, staleness, mean_staleness):
     return lr * jnp.sin(jnp.pi / (4.0 * staleness + 2.0))
 
 
-
-
 def rate_at_delay(name: str, lr, tau):
     """The per-gradient rate rule ``name`` gives every gradient of a run at constant delay
     ``tau`` (so the mean staleness is ``tau`` too), before any schedule: P2's η_τ for

@@ -50,6 +50,13 @@ def monitor_for(scn: Scenario) -> Sharpness | None:
     return Sharpness(scn)
 
 
+def observes_along(scn: Scenario) -> bool:
+    """Whether ``scn``'s monitor measures between the run's start and end
+    (``measure.sharpness_points``), which a compiled chunk cannot serve: such a run takes the
+    loop path (sweeps run its points one at a time)."""
+    return bool(scn.measure.sharpness_points)
+
+
 def rate_at_tau(scn: Scenario) -> float:
     """The per-gradient rate ``scn``'s rule gives at its protocol's delay τ (``lr`` without
     one): the rate a round-robin run uses from its first τ updates on."""
@@ -72,7 +79,7 @@ class Sharpness:
         self.scn = scn
         m = scn.measure
         if every is None:  # the scenario validator requires run.updates with points
-            every = max(1, scn.run.updates // m.sharpness_points) if m.sharpness_points else 0
+            every = max(1, scn.run.updates // m.sharpness_points) if observes_along(scn) else 0
         self.every = every
         self.samples = samples or m.sharpness_samples
         self.method, self.max_iter, self.tol = method, max_iter, tol
@@ -198,5 +205,5 @@ def sweep_edges(out: Path, points: Sequence[Mapping[str, Any]]) -> Path:
     return path
 
 
-__all__ = ["EDGES_CSV", "SHARPNESS_CSV", "Sharpness", "monitor_for", "rate_at_tau",
-           "sharpness_trajectory", "sweep_edges"]
+__all__ = ["EDGES_CSV", "SHARPNESS_CSV", "Sharpness", "monitor_for", "observes_along",
+           "rate_at_tau", "sharpness_trajectory", "sweep_edges"]
