@@ -80,7 +80,6 @@ def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
     return out
 
 
-
 def staleness_distribution(trace, *, skip: int = 0) -> np.ndarray:
     """Frequencies of staleness 0, 1, 2, ... (after ``skip`` warm-up updates)."""
     return trace.staleness_histogram(skip=skip)["freq"].to_numpy()

@@ -43,14 +43,12 @@ def cmd_real(args) -> int:
     return 0
 
 
-
 def cmd_calibrate(args) -> int:
     path = calibrate(args.run_dir, out=args.out, kind=args.kind)
     print(f"calibrated scenario: {path}")
     print(f"simulate it with: asyncsim trace {path} --out RUN_B; then "
           f"asyncsim compare {args.run_dir} RUN_B")
     return 0
-
 
 
 def cmd_compare(args) -> int:

@@ -65,7 +65,7 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, load_checkpoint, numerics_for
+from asyncsim.drivers.driver import CKPT, Driver, load_checkpoint, numerics_for
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.protocols import Protocol, get_protocol_class
@@ -73,12 +73,10 @@ from asyncsim.trace import Trace
 
 SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 RESTARTS = "restarts.csv"
-CKPT = "checkpoint.npz"
 
 
 class RealRunError(RuntimeError):
     """A real run stopped before its end (e.g. the PS died); the folder can be resumed."""
-
 
 
 # ----------------------------------------------------------------------------- learner
@@ -366,16 +364,21 @@ class PSImpl:
                                  now=now_apply)
         if ok is False:
             self._stop("diverged")
-        elif self.max_updates is not None and v + 1 >= self.max_updates:
-            self._stop("updates")
-        elif self.max_gradients is not None and len(self.g["learner"]) >= self.max_gradients:
-            self._stop("gradients")
+        else:
+            self._stop_at_limit()
         if self.faults.get("crash_ps_at") == v + 1:
             os._exit(1)
 
     def _stop(self, reason: str) -> None:
         self.stopped = True
         self.stop_reason = reason
+
+    def _stop_at_limit(self) -> None:
+        """Stop if the run's length (``run.updates`` or ``run.gradients``) is reached."""
+        if self.max_updates is not None and self.clock.version >= self.max_updates:
+            self._stop("updates")
+        elif self.max_gradients is not None and len(self.g["learner"]) >= self.max_gradients:
+            self._stop("gradients")
 
     # -------------------------------------------------------------- the loop
     def run(self, limits: dict[str, Any], info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -395,11 +398,7 @@ class PSImpl:
         self.rejoining: set[int] = set()
         t_wall = time.perf_counter()
         self.t0 = time.time()
-        # A resume from a checkpoint taken at the very end has nothing left to do.
-        if self.max_updates is not None and self.clock.version >= self.max_updates:
-            self._stop("updates")
-        elif self.max_gradients is not None and len(self.g["learner"]) >= self.max_gradients:
-            self._stop("gradients")
+        self._stop_at_limit()  # a resume from a checkpoint taken at the very end
         for k in range(len(self.learners)):
             self._pull(k)
         while not self.stopped and (self.inflight or self.probes or self.reprobe):
@@ -506,7 +505,6 @@ class _RealDriver(Driver):
 
 def _py(x):
     return x.item() if isinstance(x, np.generic) else x
-
 
 
 class PSHost:

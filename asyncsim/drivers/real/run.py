@@ -59,7 +59,6 @@ def check_supported(scn: Scenario) -> None:
                             "hardsync, ssp and plug-ins that only use on_arrival/may_pull")
 
 
-
 # ----------------------------------------------------------------------------- driver side
 def default_threads() -> int:
     """The intra-op threads of a plain process here (what ``asyncsim replay`` will use)."""
@@ -77,8 +76,6 @@ def _actor_options(threads: int) -> dict[str, Any]:
         if os.environ.get(k):
             env[k] = os.environ[k]
     return {"runtime_env": {"env_vars": env}}
-
-
 
 
 class RealCluster:
@@ -127,7 +124,6 @@ class RealCluster:
         self.learners, self._ps = [], None
 
 
-
 def _ready(learners: list, jobs: list, *, timeout: float = 300.0) -> list[int]:
     """Set up the learners for this job; wait for actors that Ray is still restarting (a
     reused cluster after a run that lost one)."""
@@ -165,7 +161,6 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
         ScenarioError: an unsupported protocol. RealRunError: the PS died (the folder is
         resumable with ``resume=True``; updates after the last checkpoint are redone).
     """
-
 
     check_supported(scn)
     folder = None
@@ -212,7 +207,6 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
     finally:
         if own:
             cluster.close()
-
 
 
 # ----------------------------------------------------------------------------- sweeps
