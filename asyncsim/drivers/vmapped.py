@@ -158,16 +158,9 @@ class _Lanes:
     def evaluate(self, version: int, state) -> dict[int, tuple[float, float]]:
         """Every point's (test loss, test error) at ``version`` by the vmapped program; at
         version 0 recorded at once (the drivers were made without their first evaluation)."""
-        x, y = self.num.x_test, self.num.y_test
-        n = x.shape[0] if self.run.eval_samples is None else min(self.run.eval_samples,
-                                                                   x.shape[0])
-        tot_l, tot_e = np.zeros(len(self.drivers)), np.zeros(len(self.drivers))
-        for s0 in range(0, n, 1000):
-            e = min(s0 + 1000, n)
-            loss, err = self.eval_v(state.params, x[s0:e], y[s0:e])
-            tot_l += np.asarray(loss, np.float64) * (e - s0)
-            tot_e += np.asarray(err, np.float64) * (e - s0)
-        results = {k: (tot_l[k] / max(n, 1), tot_e[k] / max(n, 1)) for k in self.active}
+        loss, err = self.num.evaluate(state.params, samples=self.run.eval_samples,
+                                      program=self.eval_v)
+        results = {k: (loss[k], err[k]) for k in self.active}
         if version == 0:
             for k, res in results.items():
                 self.drivers[k].evaluate(0, res)

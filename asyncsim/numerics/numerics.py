@@ -286,15 +286,21 @@ class Numerics:
                           np.asarray([r[0] for r in rows], np.int32), np.int32(version))
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, params, *, samples: int | None = None, batch: int = 1000):
-        """(test loss, test error) on the first ``samples`` test examples."""
+    def evaluate(self, params, *, samples: int | None = None, batch: int = 1000,
+                 program=None):
+        """(test loss, test error) on the first ``samples`` test examples, the means of
+        ``batch``-sized chunks weighted by their sizes (in float64). ``program``: the
+        ``(params, x, y) -> (loss, error)`` to evaluate with (default: the model's; a
+        vmapped sweep passes its program over stacked parameters and gets arrays, one
+        value per point)."""
+        program = program or self._eval_batch
         n = self.x_test.shape[0] if samples is None else min(samples, self.x_test.shape[0])
-        tot_l = tot_e = 0.0
+        tot_l = tot_e = np.float64(0.0)
         for s in range(0, n, batch):
             e = min(s + batch, n)
-            loss, err = self._eval_batch(params, self.x_test[s:e], self.y_test[s:e])
-            tot_l += float(loss) * (e - s)
-            tot_e += float(err) * (e - s)
+            loss, err = program(params, self.x_test[s:e], self.y_test[s:e])
+            tot_l = tot_l + np.asarray(loss, np.float64) * (e - s)
+            tot_e = tot_e + np.asarray(err, np.float64) * (e - s)
         return tot_l / max(n, 1), tot_e / max(n, 1)
 
     def epoch_of(self, gradients: int) -> float:
