@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from asyncsim.runs import scenario_toml
+from asyncsim.runs import EDGES_CSV, scenario_toml
 from asyncsim.scenario import load_scenario, point_scenarios
 
 # The repository when this package runs from a checkout (analysis/ beside scenarios/); from
@@ -31,6 +31,16 @@ def finished_points(sweep_dir: Path) -> list[Path]:
     index = pd.read_csv(Path(sweep_dir) / "index.csv")
     folders = [Path(sweep_dir) / p for p in index["point"]]
     return [f for f in folders if (f / "summary.json").exists()]
+
+
+def read_edges(sweep_dir: Path) -> pd.DataFrame:
+    """The stability edges a sweep measured (its ``edges.csv``: point, tau, schedule,
+    momentum, beta, measured, closed_form, staleness_mean, staleness_max)."""
+    path = Path(sweep_dir) / EDGES_CSV
+    if not path.exists():
+        raise FileNotFoundError(f"{sweep_dir}: no {EDGES_CSV}; run the sweep (its [measure] "
+                                "edges writes it once every point is complete)")
+    return pd.read_csv(path)
 
 
 def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame:

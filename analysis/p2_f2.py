@@ -23,23 +23,19 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from asyncsim.runs import SHARPNESS_CSV
 from asyncsim.stability.closed_form import asymptote, edge
 
 from . import p2_f4
-from ._common import add_caption, model_label
+from ._common import add_caption, model_label, read_edges
 
 NAME = "p2_f2"
-EDGES, SHARPNESS = "edges.csv", "sharpness.csv"  # asyncsim.stability.measure's files
 
 
 def measured(sweep_dir: Path) -> pd.DataFrame:
     """tau, schedule, closed_form, measured, rel_error, staleness_mean, staleness_max for
     every point, from the sweep's ``edges.csv``."""
-    path = Path(sweep_dir) / EDGES
-    if not path.exists():
-        raise FileNotFoundError(f"{sweep_dir}: no {EDGES}; run the sweep (its [measure] "
-                                "edges writes it once every point is complete)")
-    df = pd.read_csv(path)
+    df = read_edges(sweep_dir)
     df["rel_error"] = df["measured"] / df["closed_form"] - 1
     cols = ["tau", "schedule", "closed_form", "measured", "rel_error", "staleness_mean",
             "staleness_max"]
@@ -81,9 +77,9 @@ def trajectory(folder: Path) -> pd.DataFrame:
     """The sharpness a P2-F4 run measured along the way (its ``sharpness.csv``): update,
     sharpness, train_loss (on the sharpness set), eta, tau, lr_rule, edge
     (2 sin(π/(4τ+2))), bound (edge/η), eta_lambda (η·λ_max)."""
-    path = Path(folder) / SHARPNESS
+    path = Path(folder) / SHARPNESS_CSV
     if not path.exists():
-        raise FileNotFoundError(f"{folder}: no {SHARPNESS}; its scenario measures no "
+        raise FileNotFoundError(f"{folder}: no {SHARPNESS_CSV}; its scenario measures no "
                                 "sharpness along the run (measure.sharpness_points)")
     df = pd.read_csv(path).rename(columns={"lr": "eta"})
     return df[["update", "sharpness", "train_loss", "eta", "tau", "lr_rule", "edge", "bound",

@@ -19,7 +19,7 @@ import pandas as pd
 
 from asyncsim.stability.closed_form import edge, effective_edge
 
-from ._common import model_label, save
+from ._common import model_label, read_edges, save
 
 NAME = "p2_f3"
 
@@ -27,12 +27,8 @@ NAME = "p2_f3"
 def measured(sweep_dir: Path) -> pd.DataFrame:
     """tau, momentum, beta, closed_form, measured, rel_error, effective_closed_form,
     effective_measured per (trace, momentum kind), from the sweep's ``edges.csv``."""
-    path = Path(sweep_dir) / "edges.csv"
-    if not path.exists():
-        raise FileNotFoundError(f"{sweep_dir}: no edges.csv; run the sweep (its [measure] "
-                                "edges writes it once every point is complete)")
     rows = []
-    for r in pd.read_csv(path).itertuples():
+    for r in read_edges(sweep_dir).itertuples():
         tau, kind, b = int(r.tau), r.momentum, float(r.beta)
         cf = float(edge(tau, kind, b))
         scale = cf / float(effective_edge(tau, kind, b))

@@ -40,6 +40,10 @@ from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
 
 SUMMARY = "summary.json"
+# What a scenario's [measure] table stores (asyncsim.stability.measure), which the figures
+# read: a run folder's sharpness along the run, a sweep folder's measured stability edges.
+SHARPNESS_CSV = "sharpness.csv"
+EDGES_CSV = "edges.csv"
 
 deprecated_names(__name__, globals(), {"jsonable": "asyncsim._io:jsonable"})
 

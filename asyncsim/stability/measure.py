@@ -33,13 +33,11 @@ from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.numerics.lr_rules import rate_at_delay
+from asyncsim.runs import EDGES_CSV, SHARPNESS_CSV
 from asyncsim.stability.closed_form import edge
 from asyncsim.stability.measured import edges_of_traces
 from asyncsim.stability.sharpness import sharpness
 from asyncsim.trace import Trace
-
-SHARPNESS_CSV = "sharpness.csv"
-EDGES_CSV = "edges.csv"
 
 
 def monitor_for(scn: Scenario) -> Sharpness | None:
