@@ -26,7 +26,7 @@ import pandas as pd
 
 from asyncsim.stability.closed_form import edge
 
-from ._common import load_points, save  # noqa: E402
+from ._common import load_points, save
 
 NAME = "p1_beyond"
 

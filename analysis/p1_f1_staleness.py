@@ -9,12 +9,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from asyncsim.trace import Trace  # noqa: E402
+from asyncsim.trace import Trace
 
-from ._common import add_caption, finished_points  # noqa: E402
+from ._common import add_caption, finished_points
 
 NAME = "p1_f1_staleness"
 

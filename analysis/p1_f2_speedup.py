@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ._common import load_points, read_eval, save  # noqa: E402
+from ._common import load_points, read_eval, save
 
 NAME = "p1_f2_speedup"
 

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ._common import RULE_LABEL, load_points, read_eval, save, setup_label  # noqa: E402
+from ._common import RULE_LABEL, load_points, read_eval, save, setup_label
 
 NAME = "p1_f3_lr_modulation"
 RULES = ("constant", "inverse-staleness")

@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ._common import finished_points, save  # noqa: E402
+from ._common import finished_points, save
 
 NAME = "p2_f1"
 RULES = {"constant": "η = η0 (constant)", "stability-edge": "η_τ = η0 sin(π/(4τ+2))"}
