@@ -318,42 +318,310 @@ def loopback(tmp_path):
         server.server_close()
 
 
-def test_cifar10_download_verified_and_cached(tmp_path, loopback):
+def test_cifar10_download_verified_and_cached(tmp_path, loopback, monkeypatch):
+    """A mirror and its checksum come from the environment; the download is verified,
+    cached, and a cached file needs no server."""
     root, base = loopback
     tar_path, batches = _make_cifar_tarball(tmp_path)
     (root / "c.tar.gz").write_bytes(tar_path.read_bytes())
     sha = hashlib.sha256(tar_path.read_bytes()).hexdigest()
     cache = tmp_path / "cache"
-    url = f"{base}/c.tar.gz"
-    d = get_dataset("cifar10", seed=0, url=url, sha256=sha, cache_dir=str(cache), download=True)
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_URL", f"{base}/c.tar.gz")
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_SHA256", sha.upper())  # hex digits in either case
+    d = get_dataset("cifar10", seed=0, cache_dir=str(cache), download=True)
     _check_loaded(d, batches)
     assert sorted(p.name for p in cache.iterdir()) == ["cifar-10-python.tar.gz"]
     # Cached: a second load needs no server (the URL now 404s).
     (root / "c.tar.gz").unlink()
-    _check_loaded(
-        get_dataset("cifar10", seed=0, url=url, sha256=sha, cache_dir=str(cache), download=True),
-        batches,
-    )
+    _check_loaded(get_dataset("cifar10", seed=0, cache_dir=cache, download=True), batches)
 
 
-def test_cifar10_download_checksum_mismatch_leaves_nothing(tmp_path, loopback):
+def test_cifar10_download_checksum_mismatch_leaves_nothing(tmp_path, loopback, monkeypatch):
     root, base = loopback
     tar_path, _ = _make_cifar_tarball(tmp_path)
     (root / "c.tar.gz").write_bytes(tar_path.read_bytes())
     cache = tmp_path / "cache"
-    url = f"{base}/c.tar.gz"
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_URL", f"{base}/c.tar.gz")
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_SHA256", "0" * 64)
     with pytest.raises(DataError, match=r"checksum mismatch for http://127\.0\.0\.1.*expected"):
-        get_dataset(
-            "cifar10", seed=0, url=url, sha256="0" * 64, cache_dir=str(cache), download=True
-        )
+        get_dataset("cifar10", seed=0, cache_dir=str(cache), download=True)
     assert list(cache.iterdir()) == []
+    # A mirror URL without a checksum of its own is held to the canonical one.
+    monkeypatch.delenv("ASYNCSIM_CIFAR10_SHA256")
+    with pytest.raises(DataError, match=f"expected sha256 {CIFAR10_SHA256}"):
+        get_dataset("cifar10", seed=0, cache_dir=str(cache), download=True)
+    assert list(cache.iterdir()) == []
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_URL", f"{base}/missing")
     with pytest.raises(DataError, match="failed"):
-        get_dataset(
-            "cifar10",
-            seed=0,
-            url=f"{base}/missing",
-            sha256="0" * 64,
-            cache_dir=str(cache),
-            download=True,
-        )
+        get_dataset("cifar10", seed=0, cache_dir=str(cache), download=True)
     assert list(cache.iterdir()) == []
+
+
+def test_cifar10_checksum_from_the_environment_needs_a_mirror_url(tmp_path, monkeypatch):
+    """A checksum alone would vouch for nothing but the canonical file: an error, as is one
+    that is not a SHA-256; neither touches the network or the cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.delenv("ASYNCSIM_CIFAR10_URL", raising=False)
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_SHA256", "0" * 64)
+    with pytest.raises(DataError, match="ASYNCSIM_CIFAR10_SHA256 is set but "
+                                        "ASYNCSIM_CIFAR10_URL is not") as e:
+        get_dataset("cifar10", seed=0, cache_dir=str(cache), download=True)
+    assert "\n" not in str(e.value)
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_URL", "http://127.0.0.1:9/c.tar.gz")
+    monkeypatch.setenv("ASYNCSIM_CIFAR10_SHA256", "not-a-checksum")
+    with pytest.raises(DataError, match="must be 64 hex digits"):
+        get_dataset("cifar10", seed=0, cache_dir=str(cache), download=True)
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+_MIN_SCENARIO = """
+seed = 0
+[model]
+name = "mlp"
+hidden = [4]
+[run]
+updates = 2
+"""
+
+
+@pytest.mark.parametrize("option,value", [("url", "http://127.0.0.1:9/evil.tar.gz"),
+                                          ("sha256", "0" * 64)])
+def test_cifar10_url_and_sha256_are_refused_in_a_scenario(tmp_path, option, value):
+    """What is downloaded and trusted is never a scenario file's choice: data.url and
+    data.sha256 are refused in one line under their key, pointing to the environment."""
+    from asyncsim.errors import ScenarioError
+    from asyncsim.numerics.numerics import build_dataset
+    from asyncsim.scenario import load_scenario
+
+    path = tmp_path / "s.toml"
+    path.write_text(_MIN_SCENARIO + f'[data]\nname = "cifar10"\nbatch_size = 4\n'
+                                    f'download = true\ncache_dir = "cache"\n'
+                                    f'{option} = "{value}"\n')
+    with pytest.raises(ScenarioError) as e:
+        build_dataset(load_scenario(path))
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: data.{option}: cannot be set in a scenario"), msg
+    assert "ASYNCSIM_CIFAR10_URL" in msg and "ASYNCSIM_CIFAR10_SHA256" in msg
+    assert "\n" not in msg
+    assert not (tmp_path / "cache").exists()  # refused before anything is fetched
+    with pytest.raises(ScenarioError, match=f"data.{option}: cannot be set in a scenario"):
+        get_dataset("cifar10", seed=0, download=True, cache_dir=str(tmp_path / "cache"),
+                    **{option: value})
+
+
+def test_cifar10_relative_paths_resolve_against_the_scenario_folder(tmp_path, monkeypatch):
+    """``path`` and ``cache_dir`` are paths like a delay's CSV: relative ones resolve against
+    the scenario file's folder (its base_dir), not the working directory."""
+    from asyncsim.numerics.numerics import build_dataset
+    from asyncsim.scenario import load_scenario
+
+    folder = tmp_path / "scenario"
+    folder.mkdir()
+    _, batches = _make_cifar_tarball(folder)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path = folder / "s.toml"
+    path.write_text(_MIN_SCENARIO + '[data]\nname = "cifar10"\nbatch_size = 4\n'
+                                    'path = "cifar-10-python.tar.gz"\n')
+    scn = load_scenario(path)
+    assert scn.base_dir == folder
+    d = get_dataset(scn.data.name, seed=scn.seed, base_dir=scn.base_dir, **scn.data.options)
+    _check_loaded(d, batches)
+    _check_loaded(build_dataset(scn), batches)  # what every driver builds
+    # A run folder records the path absolute (the data set is too big to copy).
+    from asyncsim.drivers.record import folder_scenario
+
+    assert folder_scenario(scn)[0]["data"]["path"] == str(folder / "cifar-10-python.tar.gz")
+    with pytest.raises(DataError, match=f"CIFAR10 path {elsewhere / 'cifar-10-python'}"):
+        get_dataset("cifar10", seed=0, path="cifar-10-python.tar.gz")  # no base_dir: the cwd
+    path.write_text(_MIN_SCENARIO + '[data]\nname = "cifar10"\nbatch_size = 4\n'
+                                    'cache_dir = "."\n')
+    scn = load_scenario(path)
+    d = get_dataset(scn.data.name, seed=scn.seed, base_dir=scn.base_dir, **scn.data.options)
+    _check_loaded(d, batches)
+
+
+# --------------------------------------------------------------------------------------------
+# cifar10: a data file runs no code
+# --------------------------------------------------------------------------------------------
+
+
+class _Reduces:
+    """An object whose unpickling calls ``fn(*args)`` (what a malicious pickle does)."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def _payloads(marker: Path) -> dict[str, bytes]:
+    """Pickles whose loading would create ``marker``, each naming a global the loader must
+    refuse: a shell command, a file opened for writing, and numpy-looking np.save."""
+    import builtins
+    import os
+    import shlex
+
+    return {
+        "posix.system": pickle.dumps(_Reduces(os.system, f"touch {shlex.quote(str(marker))}"),
+                                     protocol=2),
+        "io.open": pickle.dumps({b"data": _Reduces(builtins.open, str(marker), "w"),
+                                 b"labels": [0]}, protocol=2),
+        # Nested in an otherwise real-looking batch, after an admitted numpy array.
+        "numpy.save": pickle.dumps({b"batch_label": b"x", b"data": np.zeros((1, 3072), np.uint8),
+                                    b"labels": _Reduces(np.save, str(marker),
+                                                        np.zeros(1, np.uint8))}, protocol=4),
+    }
+
+
+def _crafted_sources(tmp_path: Path, payload: bytes) -> tuple[Path, Path]:
+    """A ``cifar-10-batches-py`` folder and a tarball in the real format whose
+    ``data_batch_1`` is ``payload`` (the other batches are genuine)."""
+    tar_path, _ = _make_cifar_tarball(tmp_path)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(tmp_path / "crafted", filter="data")
+    folder = tmp_path / "crafted" / "cifar-10-batches-py"
+    (folder / "data_batch_1").write_bytes(payload)
+    crafted_tar = tmp_path / "crafted.tar.gz"
+    with tarfile.open(crafted_tar, "w:gz") as tar:
+        tar.add(folder, arcname="cifar-10-batches-py")
+    return folder, crafted_tar
+
+
+@pytest.mark.parametrize("refused", ["posix.system", "io.open", "numpy.save"])
+def test_cifar10_refuses_a_batch_that_would_run_code(tmp_path, refused):
+    marker = tmp_path / "MARKER.npy"  # .npy: np.save would write exactly this name
+    folder, tar_path = _crafted_sources(tmp_path, _payloads(marker)[refused])
+    for source, where in ((folder, str(folder / "data_batch_1")),
+                          (tar_path, f"cifar-10-batches-py/data_batch_1 in {tar_path}")):
+        with pytest.raises(DataError) as e:
+            get_dataset("cifar10", seed=0, path=source)
+        msg = str(e.value)
+        assert "\n" not in msg, msg
+        assert msg.startswith(f"CIFAR10 batch {where}: refused to unpickle the global "
+                              f"{refused}"), msg
+        assert "a CIFAR10 python batch is a pickled dict of b'batch_label'" in msg
+        assert not marker.exists()
+
+
+def _py2_pickle(obj) -> bytes:
+    """``obj`` pickled as CIFAR10's own Python 2 files are: protocol 2, ``str`` and ``bytes``
+    as Python 2 byte strings (BINSTRING, no ``_codecs.encode``), and numpy 1.x's module
+    name ``numpy.core.multiarray``."""
+    import struct
+
+    class Py2Pickler(pickle._Pickler):
+        dispatch = dict(pickle._Pickler.dispatch)
+
+        def save_str8(self, s):
+            raw = s.encode("latin-1") if isinstance(s, str) else s
+            if len(raw) < 256:
+                self.write(pickle.SHORT_BINSTRING + bytes([len(raw)]) + raw)
+            else:
+                self.write(pickle.BINSTRING + struct.pack("<i", len(raw)) + raw)
+            self.memoize(s)
+
+        dispatch[bytes] = save_str8
+        dispatch[str] = save_str8
+
+    buf = io.BytesIO()
+    Py2Pickler(buf, protocol=2).dump(obj)
+    raw = buf.getvalue()
+    assert b"_codecs" not in raw
+    return raw.replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n")
+
+
+def test_cifar10_reads_python2_batches_without_codecs(tmp_path):
+    """The real files' own format: numpy.core.multiarray._reconstruct, ndarray, dtype and
+    Python 2 byte strings (what the restricted loader is for)."""
+    tar_path, batches = _make_cifar_tarball(tmp_path)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    folder = tmp_path / "x" / "cifar-10-batches-py"
+    for name, (data, labels) in batches.items():
+        raw = _py2_pickle({b"batch_label": name.encode(), b"labels": labels, b"data": data,
+                           b"filenames": [b"x.png"] * _PER_BATCH})
+        assert b"cnumpy.core.multiarray\n_reconstruct\n" in raw
+        (folder / name).write_bytes(raw)
+    _check_loaded(get_dataset("cifar10", seed=0, path=folder), batches)
+
+
+@pytest.mark.parametrize("payload,says", [
+    (b"", "is damaged (EOFError"),
+    (b"\x80\x02}q\x00(X\x04\x00\x00", "is damaged ("),  # truncated
+    (b"garbage, not a pickle\n" * 4, "is damaged (ValueError"),  # 'g' is the GET opcode
+    (pickle.dumps([1, 2, 3], protocol=2), "holds a list, not a batch dict"),
+    (pickle.dumps({b"data": [[0] * 3072], b"labels": [0]}, protocol=2),
+     "holds b'data' a list of 1 with [0, 0,"),
+    (pickle.dumps({b"data": np.zeros((1, 3072)), b"labels": [0]}, protocol=2),
+     "holds b'data' a float64 array of shape (1, 3072) and b'labels' a list of 1;"),
+    (pickle.dumps({b"data": np.zeros((2, 1024), np.uint8), b"labels": [0, 1]}, protocol=2),
+     "holds b'data' a uint8 array of shape (2, 1024)"),
+    (pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0.5]}, protocol=2),
+     "and b'labels' a list of 1 with 0.5;"),
+    (pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [2**40]}, protocol=2),
+     f"and b'labels' a list of 1 with {2**40};"),  # int32 would overflow: not a traceback
+    (pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1]}, protocol=2),
+     "and b'labels' a list of 1;"),
+    # _codecs.encode is admitted for latin-1 bytes only, not as a general transform.
+    (b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00xX\x05\x00\x00\x00rot13\x86R.",
+     "admitted only as encode(text, 'latin1')"),
+], ids=["empty", "truncated", "garbage", "list", "data-list", "data-float", "data-shape",
+        "labels-float", "labels-big", "labels-short", "codecs-rot13"])
+def test_cifar10_damaged_batches_are_one_line_errors(tmp_path, payload, says):
+    folder, tar_path = _crafted_sources(tmp_path, payload)
+    for source in (folder, tar_path):
+        with pytest.raises(DataError, match="CIFAR10 batch .*data_batch_1") as e:
+            get_dataset("cifar10", seed=0, path=source)
+        msg = str(e.value)
+        assert "\n" not in msg and says in msg, msg
+
+
+_TINY_RUN = _MIN_SCENARIO.replace("updates = 2", "updates = 3") + """
+[cluster]
+learners = 2
+[data]
+name = "synthetic-cifar"
+batch_size = 4
+n_train = 32
+n_test = 16
+"""
+
+
+def test_a_crafted_cifar10_path_in_a_run_folder_runs_no_code(tmp_path, capsys):
+    """A run folder is a contract: a scenario.toml whose [data] points cifar10 at a crafted
+    batch is refused by `asyncsim replay` (and `run`) in one line, and nothing it names runs;
+    data.url is refused the same way."""
+    import tomllib
+
+    from asyncsim.cli import main
+    from asyncsim.runs import dump_toml
+
+    marker = tmp_path / "MARKER.npy"
+    folder, _ = _crafted_sources(tmp_path, _payloads(marker)["posix.system"])
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(_TINY_RUN)
+    run_dir = tmp_path / "run"
+    assert main(["trace", str(scenario), "--out", str(run_dir), "--quiet"]) == 0
+    saved = run_dir / "scenario.toml"
+    raw = tomllib.loads(saved.read_text())
+    raw["data"] = {"name": "cifar10", "batch_size": 4, "path": str(folder.parent)}
+    saved.write_text(dump_toml(raw))
+    capsys.readouterr()
+    assert main(["replay", str(run_dir), "--out", str(tmp_path / "rep"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "refused to unpickle the global posix.system" in err and "data_batch_1" in err
+    assert not marker.exists()
+    for table, says in (({"path": str(folder.parent)}, "refused to unpickle the global"),
+                        ({"download": True, "url": "http://127.0.0.1:9/c.tar.gz"},
+                         "data.url: cannot be set in a scenario")):
+        raw["data"] = {"name": "cifar10", "batch_size": 4, **table}
+        scenario.write_text(dump_toml(raw))
+        assert main(["run", str(scenario), "--out", str(tmp_path / "r2"), "--force",
+                     "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, err
+        assert not marker.exists()

@@ -4,9 +4,10 @@ Contract (docs/design.md, "Determinism"):
 
 * :class:`Dataset` holds float32 train/test arrays ``(N, *input_shape)`` normalised with the
   *train* set's per-channel mean/std, int32 labels and ``num_classes``.
-* :func:`get_dataset` ``(name, *, seed, **options)`` builds a registered data set; an unknown
-  name or a bad option raises :class:`ValueError` naming what is allowed. Missing files and
-  failed downloads raise :class:`DataError` (a ValueError) with a one-line message.
+* :func:`get_dataset` ``(name, *, seed, base_dir=None, **options)`` builds a registered data
+  set (relative path options resolve against ``base_dir``); an unknown name or a bad option
+  raises :class:`ValueError` naming what is allowed. Missing files, failed downloads and
+  refused files raise :class:`DataError` (a ValueError) with a one-line message.
 * :func:`batch_indices` ``(seed, learner, step, batch_size, n)`` is a pure, jittable function
   of ``(seed, learner, step)`` (which may be traced int32 values) giving the train indices of
   one learner's mini-batch. Results never depend on event interleaving or call order.
@@ -30,7 +31,9 @@ Built-ins
     measured hardness.
 ``cifar10``
     The real CIFAR10 from the standard python tarball (local path, cache, or an explicitly
-    allowed download with SHA-256 verification).
+    allowed download with SHA-256 verification). A data file runs no code: the batches are
+    unpickled admitting only the numpy globals CIFAR10 is made of, and what is downloaded
+    and trusted (URL, checksum) comes from code or the environment, never a scenario file.
 ``gaussian``
     Standard normal features with zero labels, the data of the ``quadratic`` model's noise.
 """
@@ -39,8 +42,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
-import tarfile
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from asyncsim._checks import flag, integer, nonneg
 from asyncsim._io import atomic
 from asyncsim._registry import PluginRegistry, build, callable_value, option_defaults
 from asyncsim.errors import ScenarioError
+from asyncsim.numerics import _cifar10
 
 __all__ = [
     "CIFAR10_SHA256",
@@ -64,6 +66,7 @@ __all__ = [
     "available_datasets",
     "batch_indices",
     "default_cache_dir",
+    "download_source",
     "fetch",
     "get_dataset",
     "register_dataset",
@@ -115,11 +118,18 @@ def dataset_factory(name: str) -> Callable[..., Dataset]:
     return _registry.get(name)
 
 
-def get_dataset(name: str, *, seed: int, **options: Any) -> Dataset:
-    """Build data set ``name``; ValueError for an unknown name or option (listing the allowed)."""
+def get_dataset(name: str, *, seed: int, base_dir: str | os.PathLike | None = None,
+                **options: Any) -> Dataset:
+    """Build data set ``name``; ValueError for an unknown name or option (listing the allowed).
+
+    Options annotated ``Path`` (cifar10's ``path`` and ``cache_dir``) take a string or a path;
+    ``~`` is expanded and a relative one resolves against ``base_dir``, which a scenario's
+    data set gets as the scenario file's folder (:attr:`asyncsim.config.Scenario.base_dir`),
+    and otherwise against the working directory.
+    """
     return build(dataset_factory(name), options, key="data", what="data", name=name,
                  noun="option", also=("name", "batch_size"), fixed={"seed": seed},
-                 reraise=(DataError,))
+                 reraise=(DataError,), base_dir=base_dir)
 
 
 def declared_train_size(name: str, options: Mapping[str, Any]) -> int | None:
@@ -418,9 +428,6 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 # SHA-256 of cifar-10-python.tar.gz (170,498,071 bytes; MD5 c58f30108f718f92721af3b95e74349a).
 # The same constant is used by Keras' cifar10 loader (file_hash) and TFDS; checked against them.
 CIFAR10_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
-_CIFAR_DIR = "cifar-10-batches-py"
-_CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
-_CIFAR_TEST = "test_batch"
 
 
 def default_cache_dir() -> Path:
@@ -454,92 +461,102 @@ def fetch(url: str, dest: Path, sha256: str, *, timeout: float = 60.0) -> Path:
     return dest
 
 
-def _unpickle(raw: bytes) -> dict:
-    # The CIFAR batches are Python 2 pickles: bytes keys need encoding="bytes".
-    return pickle.loads(raw, encoding="bytes")
+# A mirror of the tarball is the environment's business, never a scenario file's: a file
+# someone sends you could otherwise point download = true at any tarball with its checksum.
+CIFAR10_URL_ENV = "ASYNCSIM_CIFAR10_URL"
+CIFAR10_SHA256_ENV = "ASYNCSIM_CIFAR10_SHA256"
+_MIRROR_HINT = (f"the canonical URL and SHA-256 are built in, and a mirror is set in the "
+                f"environment: {CIFAR10_URL_ENV} (verified against the canonical checksum) "
+                f"and, for a mirror of other bytes, {CIFAR10_SHA256_ENV}")
 
 
-def _read_batches(source: Path) -> dict[str, dict]:
-    """Read the six batch dicts from a tarball or an extracted ``cifar-10-batches-py`` folder."""
-    names = [*_CIFAR_TRAIN, _CIFAR_TEST]
-    out: dict[str, dict] = {}
-    if source.is_dir():
-        folder = source / _CIFAR_DIR if (source / _CIFAR_DIR).is_dir() else source
-        for name in names:
-            f = folder / name
-            if not f.is_file():
-                raise DataError(f"CIFAR10 folder {folder} lacks {name}")
-            out[name] = _unpickle(f.read_bytes())
-        return out
-    try:
-        with tarfile.open(source, "r:*") as tar:
-            members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
-            for name in names:
-                if name not in members:
-                    raise DataError(f"CIFAR10 tarball {source} lacks {_CIFAR_DIR}/{name}")
-                fobj = tar.extractfile(members[name])
-                assert fobj is not None
-                out[name] = _unpickle(fobj.read())
-    except (tarfile.TarError, EOFError, pickle.UnpicklingError) as err:
-        # One line: tarfile's "could not be opened" lists every method it tried on its own line.
-        why = "; ".join(x.strip(" -").rstrip(":") for x in str(err).splitlines() if x.strip())
-        raise DataError(f"cannot read CIFAR10 tarball {source} (expected the python version, "
-                        f"cifar-10-python.tar.gz): {why}") from err
-    return out
+def download_source() -> tuple[str, str]:
+    """``(url, sha256)`` that a ``download = true`` load fetches and verifies.
+
+    The canonical :data:`CIFAR10_URL` and :data:`CIFAR10_SHA256` unless the environment
+    names a mirror: ``$ASYNCSIM_CIFAR10_URL`` alone is verified against the canonical
+    checksum, with ``$ASYNCSIM_CIFAR10_SHA256`` against that one. A checksum without a URL,
+    or one that is not 64 hex digits, is a :class:`DataError` (an empty variable is unset).
+    """
+    url = os.environ.get(CIFAR10_URL_ENV) or None
+    sha = os.environ.get(CIFAR10_SHA256_ENV) or None
+    if sha is not None and url is None:
+        # A checksum alone would make the canonical URL's bytes checked against it: it only
+        # means something for a mirror, so a stray one is a mistake to report.
+        raise DataError(f"{CIFAR10_SHA256_ENV} is set but {CIFAR10_URL_ENV} is not: a "
+                        f"checksum of its own only verifies a mirror; set {CIFAR10_URL_ENV} "
+                        f"too, or unset {CIFAR10_SHA256_ENV}")
+    if sha is not None and not (len(sha) == 64 and all(c in "0123456789abcdefABCDEF"
+                                                       for c in sha)):
+        raise DataError(f"{CIFAR10_SHA256_ENV} must be 64 hex digits (a SHA-256), got {sha!r}")
+    return url or CIFAR10_URL, (sha or CIFAR10_SHA256).lower()
 
 
-def _to_nhwc(batch: dict) -> tuple[np.ndarray, np.ndarray]:
-    data = np.asarray(batch[b"data"], np.uint8)
-    labels = np.asarray(batch[b"labels"], np.int32)
-    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-        raise DataError(f"unexpected CIFAR10 batch layout: data {data.shape}, {len(labels)} labels")
-    # Rows are 1024 red, 1024 green, 1024 blue values, each plane row-major (CHW).
-    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
+def _refuse_from_file(option: str) -> ValueError:
+    # The "option: message" form is the plug-in contract (asyncsim._registry.call_checked):
+    # it is reported as a ScenarioError under data.<option>.
+    return ValueError(f"{option}: cannot be set in a scenario (a file someone sends you must "
+                      f"not choose what is downloaded and trusted); {_MIRROR_HINT}")
 
 
 @register_dataset("cifar10")
 def cifar10(
     *,
     seed: int,
-    path: str | None = None,
-    url: str = CIFAR10_URL,
-    sha256: str = CIFAR10_SHA256,
-    cache_dir: str | None = None,
+    path: Path | None = None,
+    cache_dir: Path | None = None,
     download: bool = False,
     n_train: int | None = None,
     n_test: int | None = None,
+    url: object = None,
+    sha256: object = None,
 ) -> Dataset:
     """CIFAR10 from the standard python tarball ``cifar-10-python.tar.gz``.
 
     Source order: ``path`` (a tarball or an extracted ``cifar-10-batches-py`` folder) if given;
     else ``<cache_dir>/cifar-10-python.tar.gz`` (``cache_dir`` defaults to
     ``$ASYNCSIM_CACHE`` or ``~/.cache/asyncsim``); if that is missing and ``download = true``,
-    ``url`` is fetched there with SHA-256 verification (see :func:`fetch`). Nothing is ever
-    downloaded unless ``download`` is true, so tests and CI never touch the network.
-    ``n_train`` / ``n_test`` keep a subset chosen by ``seed`` (a seeded permutation, so the
-    subset is reproducible). Pixels are standardised per channel with train statistics
-    (of the subset actually used).
+    :func:`download_source` (the canonical URL, or a mirror named in the environment) is
+    fetched there with SHA-256 verification (see :func:`fetch`). Nothing is ever downloaded
+    unless ``download`` is true, so tests and CI never touch the network. Relative ``path``
+    and ``cache_dir`` in a scenario resolve against the scenario file's folder, ``~`` is
+    expanded. ``n_train`` / ``n_test`` keep a subset chosen by ``seed`` (a seeded
+    permutation, so the subset is reproducible). Pixels are standardised per channel with
+    train statistics (of the subset actually used).
+
+    The batches are unpickled by a loader that admits only the numpy globals a CIFAR10
+    batch is made of (:mod:`asyncsim.numerics._cifar10`): a file that names any other global
+    is refused with a :class:`DataError` before anything it names is imported or called.
+
+    ``url`` and ``sha256`` are not options: they are parameters only to refuse them, under
+    ``data.url`` / ``data.sha256``, with a message pointing to ``$ASYNCSIM_CIFAR10_URL`` and
+    ``$ASYNCSIM_CIFAR10_SHA256`` (an unknown-option error would not say where they went).
     """
+    for option, value in (("url", url), ("sha256", sha256)):
+        if value is not None:
+            raise _refuse_from_file(option)
     flag("download", download)
     if path is not None:
-        source = Path(path).expanduser()
+        source = Path(path).expanduser().absolute()  # messages name the file looked for
         if not source.exists():
             raise DataError(f"CIFAR10 path {source} does not exist")
     else:
-        cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        cache = (Path(cache_dir).expanduser().absolute() if cache_dir is not None
+                 else default_cache_dir())
         source = cache / "cifar-10-python.tar.gz"
         if not source.exists():
             if not download:
                 raise DataError(
                     f"CIFAR10 not found at {source}; set data.path to a local "
-                    f"cifar-10-python.tar.gz, or data.download = true to fetch {url}"
+                    f"cifar-10-python.tar.gz, or data.download = true to fetch "
+                    f"{os.environ.get(CIFAR10_URL_ENV) or CIFAR10_URL}"
                 )
-            fetch(url, source, sha256)
-    batches = _read_batches(source)
-    parts = [_to_nhwc(batches[name]) for name in _CIFAR_TRAIN]
-    xtr = np.concatenate([p[0] for p in parts])
-    ytr = np.concatenate([p[1] for p in parts])
-    xte, yte = _to_nhwc(batches[_CIFAR_TEST])
+            from_url, checksum = download_source()
+            fetch(from_url, source, checksum)
+    try:
+        xtr, ytr, xte, yte = _cifar10.load(source)
+    except _cifar10.CifarFileError as err:
+        raise DataError(str(err)) from None
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), 0xC1FA])))
     if n_train is not None:
         n_train = integer("n_train", n_train)

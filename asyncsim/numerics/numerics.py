@@ -22,16 +22,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asyncsim._registry import path_options
 from asyncsim.config import Scenario
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import CoreState, make_core
-from asyncsim.numerics.data import Dataset, batch_indices, check_batch_size, get_dataset
+from asyncsim.numerics.data import (
+    Dataset,
+    batch_indices,
+    check_batch_size,
+    dataset_factory,
+    get_dataset,
+)
 from asyncsim.numerics.models import Model, expand_parts, get_model, grad_fn, grad_parts
 
 INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct from batches
@@ -56,7 +64,9 @@ def build_dataset(scn: Scenario) -> Dataset:
     """``scn``'s data set; a refused option or a missing file is a ScenarioError under
     ``data.*``."""
     try:
-        return get_dataset(scn.data.name, seed=scn.seed, **scn.data.options)
+        # Relative file options (cifar10's path) resolve against the scenario's folder.
+        return get_dataset(scn.data.name, seed=scn.seed, base_dir=scn.base_dir,
+                           **scn.data.options)
     except ScenarioError as e:
         raise e.with_file(scn.source) from None
     except ValueError as e:  # DataError: a missing file, a refused download
@@ -121,8 +131,12 @@ _SHARED_MAX = 4
 
 
 def _shared(scn: Scenario) -> Programs:
+    # With a relative file option, the scenario's folder too: it names another file there.
+    files = path_options(dataset_factory(scn.data.name), scn.data.options)
+    where = str(scn.base_dir) if any(not Path(scn.data.options[k]).expanduser().is_absolute()
+                                     for k in files) else None
     key = (scn.model.name, repr(sorted(scn.model.options.items())), scn.data.name,
-           repr(sorted(scn.data.options.items())), scn.seed, scn.data.batch_size)
+           repr(sorted(scn.data.options.items())), scn.seed, scn.data.batch_size, where)
     hit = _SHARED.pop(key, None)
     if hit is None:
         hit = Programs(build_model(scn), build_dataset(scn), scn)
