@@ -137,7 +137,10 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
             planned = point_scenarios(load_scenario(path, profile=profile, validate=False))
         except (ValueError, OSError):  # ScenarioError: an edited file no longer loads
             continue
-        # Each point as write_scenario would record it, read back like the recorded ones.
+        # Each point as its folder records it, read back like the recorded ones. (A scenario
+        # that reads files records them copied or made absolute, asyncsim.drivers.record,
+        # which this JAX-free code does not redo: such runs caption as "modified". No figure
+        # scenario reads a file.)
         resolved = {name: tomllib.loads(scenario_toml(s)) for name, _, s in planned}
         if len(recorded) == 1 and len(resolved) == 1:  # a single run: any folder name
             resolved = dict(zip(recorded, resolved.values(), strict=True))

@@ -9,6 +9,7 @@ killed at any moment leaves each file either absent, as it was, or complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -19,11 +20,27 @@ from typing import Any
 import numpy as np
 
 
+class WriteError(OSError):
+    """A file could not be written (a full disk, a quota, a file-size limit, a read-only
+    folder): one line naming the file; its temporary file is gone and the file as it was."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+# What a failed write reports: the storage's refusals, not a caller's other OSErrors (a
+# download's URLError passes through the same block).
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO,
+                           errno.EACCES, errno.EPERM})
+
+
 @contextlib.contextmanager
 def atomic(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]:
     """``with atomic(p) as tmp: write tmp`` -> ``tmp`` renamed to ``p`` when the block ends
     without an exception (``fsync``: flushed to disk first, for checkpoints); on an exception
-    the temporary file is removed and ``p`` is untouched."""
+    the temporary file is removed and ``p`` is untouched. A write the storage refuses (full
+    disk, ...) raises :class:`WriteError`, so a megabyte checkpoint cut short never stays on
+    a full disk and the user reads one line, not a traceback."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -32,8 +49,19 @@ def atomic(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if isinstance(e, WriteError) or not _refused(e):
+            raise
+        raise WriteError(e.errno, f"cannot write {path}: {e.strerror or e}") from e
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _refused(e: OSError) -> bool:
+    if e.errno in _WRITE_ERRNOS:
+        return True
+    # pyarrow's IOError carries no errno, only the system's message.
+    return e.errno is None and any(os.strerror(n) in str(e) for n in _WRITE_ERRNOS)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -258,7 +258,7 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
     """``value`` checked (and converted) against the annotation ``hint`` (see
     :func:`check_options`)."""
     nested = nested or {}
-    alts = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    alts = alternatives(hint)
     if value is None and _NONE in alts:
         return None
     wants = []
@@ -297,6 +297,19 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
         elif t is not _NONE:
             return value  # an annotation we do not check (Any, a user's type): pass through
     raise ScenarioError(key, f"must be {' or '.join(wants)}, got {value!r}")
+
+
+def alternatives(hint: Any) -> tuple[Any, ...]:
+    """The types an annotation admits: ``Path | None`` -> ``(Path, NoneType)``."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+
+
+def path_options(fn: Callable[..., Any], options: Mapping[str, Any]) -> list[str]:
+    """The names in ``options`` that ``fn`` annotates as file paths (``Path``): the files a
+    scenario makes a run read (an empirical delay's CSV, a data set's ``path``)."""
+    _, hints, _ = signature_options(fn)
+    return [k for k, v in options.items() if isinstance(v, str)
+            and any(t in (Path, os.PathLike) for t in alternatives(hints.get(k)))]
 
 
 def call_checked(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, key: str, what: str,

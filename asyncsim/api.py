@@ -12,6 +12,7 @@ scenario and refuses timing overrides.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 from asyncsim import runs
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import PluginRegistry
-from asyncsim.config import Scenario, to_dict
+from asyncsim.config import Scenario, changed_keys, to_dict
 from asyncsim.drivers import online
 from asyncsim.drivers import replay as loop
 from asyncsim.drivers.choose import choose_path
@@ -81,28 +82,16 @@ TRACE_FIXED = ("cluster", "protocol", "sweep")
 TRACE_FIXED_RUN = ("updates", "gradients", "epochs", "sim_time", "trace_only")
 
 
-def _dotted(d: Any, prefix: str) -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"prefix.a.b": 1}`` (leaves keep their values)."""
-    if not isinstance(d, Mapping) or not d:
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_dotted(v, f"{prefix}.{k}"))
-    return out
-
-
 def trace_fixed_changes(before: Scenario, after: Scenario) -> list[str]:
     """The dotted keys whose resolved values differ between two scenarios in what a trace
     fixes (:data:`TRACE_FIXED`, ``run.`` + :data:`TRACE_FIXED_RUN`), however they were set
     (``--set protocol.n=1`` or a whole table such as ``--set run={updates=5}``)."""
     b, a = to_dict(before), to_dict(after)
-    flat_b, flat_a = {}, {}
-    for section in TRACE_FIXED:
-        flat_b.update(_dotted(b.get(section, {}), section))
-        flat_a.update(_dotted(a.get(section, {}), section))
-    for k in TRACE_FIXED_RUN:
-        flat_b[f"run.{k}"], flat_a[f"run.{k}"] = b["run"].get(k), a["run"].get(k)
-    return sorted(k for k in flat_b.keys() | flat_a.keys() if flat_b.get(k) != flat_a.get(k))
+
+    def fixed(d):
+        return {**{s: d.get(s, {}) for s in TRACE_FIXED},
+                "run": {k: d["run"].get(k) for k in TRACE_FIXED_RUN}}
+    return changed_keys(fixed(b), fixed(a))
 
 
 def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
@@ -148,17 +137,21 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     # one): on a GPU, where "auto" groups them, the replay must group as the source did to
     # replay it bit for bit.
     source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
-    num = numerics_for(scn, grouping=source.get("grouping", "auto"))
+    grouping = source.get("grouping", "auto")
+    if grouping not in ("none", "version", "auto"):
+        raise runs.RunFolderError(f"{run_dir / runs.SUMMARY}: grouping must be none, version "
+                                  f"or auto, got {grouping!r}")
+    num = numerics_for(scn, grouping=grouping)
+    def compare(summary, params):  # written with the replay's summary, which comes last
+        return _compare(run_dir, summary, params)
+
     if path == "scan":
-        result = replay_scan(scn, trace, out=out, force=force, monitor=monitor_for(scn),
-                             numerics=num)
-    elif path == "loop":
-        result = replay(scn, trace, out=out, force=force, progress=progress, numerics=num)
-    else:
-        raise ValueError(f"path must be loop, scan or auto, got {path!r}")
-    result.summary.update(compare_with_source(run_dir, result))
-    runs.write_summary(Path(out), result.summary)
-    return result
+        return replay_scan(scn, trace, out=out, force=force, monitor=monitor_for(scn),
+                           numerics=num, compare=compare)
+    if path == "loop":
+        return replay(scn, trace, out=out, force=force, progress=progress, numerics=num,
+                      compare=compare)
+    raise ValueError(f"path must be loop, scan or auto, got {path!r}")
 
 
 def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any]:
@@ -171,19 +164,45 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
     (the largest absolute difference over all parameters; None when the source has no
     ``params.npz`` of the same structure, e.g. after ``--set model.*``, or when either side
     diverged: a diverged run stops at its own update, so no distance between the two means
-    anything).
+    anything), and ``environment_changes``: what the last bits depend on that differs
+    between the source run's machine and this one (:func:`asyncsim.runs.numerics_environment`,
+    the JAX version, the backend), e.g. ``["cpu_affinity: 1 -> 2"]``.
     """
+    return _compare(run_dir, result.summary, result.params)
+
+
+def _compare(run_dir: str | Path, summary: Mapping[str, Any], params) -> dict[str, Any]:
     run_dir = Path(run_dir)
     source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
     src_hash = source.get("param_hash")
     if src_hash is None:
         return {"source_param_hash": None, "matches_source": None,
-                "max_abs_diff_to_source": None}
-    diverged = source.get("diverged") or result.summary.get("diverged")
-    diff = None if diverged else _max_abs_diff(run_dir, result.params)
+                "max_abs_diff_to_source": None, "environment_changes": []}
+    diverged = source.get("diverged") or summary.get("diverged")
+    diff = None if diverged else _max_abs_diff(run_dir, params)
     return {"source_param_hash": src_hash,
-            "matches_source": src_hash == result.summary.get("param_hash"),
-            "max_abs_diff_to_source": diff}
+            "matches_source": src_hash == summary.get("param_hash"),
+            "max_abs_diff_to_source": diff,
+            "environment_changes": _environment_changes(run_dir, source, summary)}
+
+
+def _environment_changes(run_dir: Path, source: Mapping[str, Any],
+                         summary: Mapping[str, Any]) -> list[str]:
+    """``"key: source's -> this machine's"`` for what a run's last bits depend on."""
+    try:
+        prov = json.loads((run_dir / "provenance.json").read_text())
+    except (OSError, ValueError):
+        prov = {}
+    if not isinstance(prov, Mapping):
+        prov = {}
+    here = {**runs.numerics_environment(), "backend": summary.get("backend")}
+    versions = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
+    then = {**{k: prov.get(k) for k in runs.numerics_environment()},
+            "backend": source.get("backend")}
+    for pkg in ("jax", "jaxlib"):
+        here[pkg], then[pkg] = runs.package_version(pkg), versions.get(pkg)
+    return [f"{k}: {then[k]!r} -> {here[k]!r}" for k in here
+            if then.get(k) is not None and then[k] != here[k]]
 
 
 def _max_abs_diff(run_dir: Path, params) -> float | None:

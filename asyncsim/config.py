@@ -73,6 +73,14 @@ class ProtocolConfig:
     cv: float = 0.1  # fixed-delay "normal" schedule: spread of the workers' step times
 
 
+# run.sweep_path: "exact", one loop replay per point (bit-identical to the point's scenario
+# run alone); "vmapped" / "vmapped-scan", one program for all the points (a loop of
+# vmapped steps / compiled lax.scan chunks); "scan", lax.scan chunks point by point;
+# "fastest", whichever of those a timing probe predicts fastest here (so the numbers may
+# then depend on the machine's load: an explicit opt-in, recorded in index.csv).
+SWEEP_PATHS = ("exact", "vmapped", "vmapped-scan", "scan", "fastest")
+
+
 # The momentum variants of the update core (asyncsim.numerics.core); the stability toolkit
 # has closed-form edges for all but nesterov.
 MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "nesterov", "shifted")
@@ -138,6 +146,10 @@ class RunConfig:
     eval_every: int = 0  # evaluate every K updates (0 = only at the end)
     eval_samples: int | None = None  # test samples per evaluation (None = the whole test set)
     checkpoint_every: int = 0  # updates between checkpoints (0 = only at the end)
+    # How a sweep replays points that differ only in lr, momentum beta or weight decay over
+    # one shared trace (SWEEP_PATHS): "exact" (default) gives each point exactly the
+    # numbers of its scenario run alone; the others are faster and agree to ~1e-5 only.
+    sweep_path: str = "exact"
     trace_only: bool = False
 
 
@@ -321,3 +333,23 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, tuple | list):
         return [to_dict(v) for v in obj]
     return obj
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: a nested scenario dict by dotted key (leaves,
+    lists and empty tables keep their values)."""
+    if not isinstance(d, Mapping) or not d:
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The dotted keys whose values differ between two nested scenario dicts, sorted."""
+    b, a = flatten(before), flatten(after)
+    return sorted(k for k in b.keys() | a.keys() if b.get(k, _MISSING) != a.get(k, _MISSING))
+
+
+_MISSING = object()

@@ -31,12 +31,20 @@ def drawable_figures() -> list[str]:
                   if not m.name.startswith("_"))
 
 
-def load_analysis(name: str) -> ModuleType:
+def check_figure(name: object) -> str:
+    """``name`` if it is a registered figure (:func:`drawable_figures`); else a one-line
+    ScenarioError under ``figure.name`` listing them. ``asyncsim run`` checks a scenario's
+    ``[figure] name`` with it before running anything."""
     drawable = drawable_figures()
-    if name not in drawable:
+    if not isinstance(name, str) or name not in drawable:
         raise ScenarioError("figure.name", f"unknown figure {name!r}; figures: "
-                            f"{', '.join(drawable) or '(none)'}{did_you_mean(name, drawable)}")
-    return importlib.import_module(f"asyncsim.analysis.{name}")
+                            f"{', '.join(drawable) or '(none)'}"
+                            f"{did_you_mean(str(name), drawable)}")
+    return name
+
+
+def load_analysis(name: str) -> ModuleType:
+    return importlib.import_module(f"asyncsim.analysis.{check_figure(name)}")
 
 
 def sweep_dir(name: str, runs_dir: str | Path = "runs", profile: str | None = None) -> Path:

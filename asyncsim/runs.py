@@ -11,24 +11,30 @@ Layout (docs/design.md, "Run folders and measurements")::
       eval.csv               evaluations: version, sim_time, epoch, train_loss, test_error...
       summary.json           headline figures; written LAST: its presence marks completion
       provenance.json        package versions, git revision, seed, command, platform
-      checkpoint/            numerics state every run.checkpoint_every updates (--resume)
+      checkpoint.npz         numerics state every run.checkpoint_every updates (--resume),
+                             with the resolved scenario it belongs to
+      inputs/                copies of the files the scenario reads (an empirical delay CSV),
+                             which its scenario.toml names, so the folder replays anywhere
+      .lock                  held by the one process writing the folder (:func:`opened`)
 
 Every file is written to a temporary name and renamed into place (atomic on POSIX), so a
 reader sees either the old or the new file. A folder without ``summary.json`` is an
 unfinished run: ``asyncsim run --resume DIR`` continues an online run (``asyncsim real
 --resume DIR`` a real one); an unfinished trace or replay is redone with ``--force``
-(``provenance.json`` says which driver wrote a folder: :func:`driver_of`).
+(``provenance.json`` says which driver wrote a folder: :func:`driver_of`). One process
+writes a folder at a time: a second writer is refused with one line (:func:`opened`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -40,12 +46,18 @@ from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
 
 SUMMARY = "summary.json"
+LOCK = ".lock"
+INPUTS = "inputs"
 # What a scenario's [measure] table stores (asyncsim.stability.measure), which the figures
 # read: a run folder's sharpness along the run, a sweep folder's measured stability edges.
 SHARPNESS_CSV = "sharpness.csv"
 EDGES_CSV = "edges.csv"
 
-deprecated_names(__name__, globals(), {"jsonable": "asyncsim._io:jsonable"})
+deprecated_names(__name__, globals(), {
+    "jsonable": "asyncsim._io:jsonable",
+    # A folder's scenario now comes with copies of the files it reads (drivers.record).
+    "write_scenario": "asyncsim.drivers.record:write_scenario",
+})
 
 
 class RunFolderError(RuntimeError):
@@ -103,8 +115,20 @@ _REDO = {"trace": "a trace is quick to redo: pass --force",
 
 
 def _go_on(kind: str, folder: Path) -> str:
+    if kind in _RESUME and not (folder / "scenario.toml").exists():
+        # Killed before the run wrote its scenario (or a full disk left only its temporary
+        # file): there is nothing to continue from.
+        return "it was stopped before it wrote scenario.toml, so it cannot be resumed: " \
+               "pass --force to start over"
     return (f"continue it with {_RESUME[kind].format(f=folder)}" if kind in _RESUME
             else _REDO.get(kind, "pass --force to start over"))
+
+
+def _replay_source(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "provenance.json").read_text()).get("replay_of")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
@@ -116,18 +140,37 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"{folder}: no such run folder to resume")
+    if is_complete(folder):
+        return folder  # prepare() says there is nothing to resume
     kind = driver_of(folder)
-    # A replay changes numerics only, so an online run of its scenario.toml simulates the
-    # same trace and ends with the same parameters: `run --resume` may redo it.
-    ok = {driver, "replay"} if driver == "online" else {driver}
-    if kind not in ok and not is_complete(folder):
+    if kind == "replay":
+        # A replay re-executes its source's trace; resuming it as an online run would
+        # simulate a new timeline in its place (a real run's replay: a simulated trace with
+        # parameters of neither run).
+        src = _replay_source(folder)
+        again = (f"asyncsim replay {src} --out {folder} --force" if src
+                 else "rerun asyncsim replay with --force")
+        raise RunFolderError(f"{folder}: an unfinished replay; a replay has no checkpoints: "
+                             f"{again}")
+    if kind != driver:
         raise RunFolderError(f"{folder}: an unfinished {_LABEL.get(kind, kind)}; "
                              f"{_go_on(kind, folder)}")
+    if not (folder / "scenario.toml").exists():
+        raise RunFolderError(f"{folder}: nothing to resume: {_go_on(kind, folder)}")
     return folder
 
 
 def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(folder) / SUMMARY).read_text())
+    """A folder's ``summary.json``; a damaged one is a one-line :class:`RunFolderError`."""
+    path = Path(folder) / SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RunFolderError(f"{path}: damaged, not JSON ({e}); rerun that run with "
+                             "--force") from None
+    if not isinstance(summary, dict):
+        raise RunFolderError(f"{path}: damaged, not a JSON object; rerun that run with --force")
+    return summary
 
 
 def profile_suffix(profile: str | None) -> str:
@@ -146,9 +189,13 @@ def default_out(scn: Scenario, profile: str | None) -> Path:
 
 
 def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = False) -> Path:
-    """Create (or reopen, with ``resume``) a run folder; refuse to clobber a finished run."""
+    """Create (or reopen, with ``resume``) a run folder; refuse to clobber a finished run.
+    Call it holding the folder's lock (:func:`opened` does both)."""
     folder = Path(folder)
-    if folder.exists() and any(folder.iterdir()):
+    if folder.is_dir():
+        for p in folder.glob(".*.tmp"):
+            p.unlink()  # a write cut short by a kill: never part of the run
+    if folder.exists() and any(p.name != LOCK for p in folder.iterdir()):
         if is_complete(folder) and not force:
             if resume:
                 raise RunFolderError(f"{folder}: the run is complete; nothing to resume")
@@ -161,13 +208,88 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
                                  + (", or pass --force to start over" if kind in _RESUME else ""))
         if force:
             for p in folder.iterdir():
-                _remove(p)
+                if p.name != LOCK:
+                    _remove(p)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
+# Folders this process holds the lock of: resolved path -> [file descriptor, depth].
+_HELD: dict[Path, list[int]] = {}
+
+
+@contextlib.contextmanager
+def locked(folder: str | os.PathLike) -> Iterator[Path]:
+    """Hold ``folder``'s lock (``folder/.lock``, an ``fcntl.flock``) for the block, creating
+    the folder; a second process asking for it gets a one-line :class:`RunFolderError`
+    naming the holder's pid, so two writers never mix two runs in one folder. Re-entrant
+    within a process. The lock goes away with the process however it ends (the kernel
+    drops it), and the file is removed when the block ends."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder.resolve()
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield folder
+        finally:
+            _HELD[key][1] -= 1
+        return
+    fd = _acquire(folder / LOCK)
+    _HELD[key] = [fd, 1]
+    try:
+        yield folder
+    finally:
+        del _HELD[key]
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == (folder / LOCK).stat().st_ino:
+                (folder / LOCK).unlink()
+        os.close(fd)  # closing releases the lock
+
+
+def _acquire(path: Path) -> int:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise RunFolderError(f"{path.parent}: another asyncsim process{who} is writing "
+                                 "this folder; wait for it to finish or choose another "
+                                 "--out") from None
+        # The holder may have removed the file between our open and flock: then we hold a
+        # lock on a file nobody else will open; take the one at the path instead.
+        try:
+            same = os.fstat(fd).st_ino == path.stat().st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def opened(out: str | os.PathLike | None, *, resume: bool = False,
+           force: bool = False) -> Iterator[Path | None]:
+    """The run folder a driver writes, for the block: locked (:func:`locked`), then
+    :func:`prepare`-d; on a :class:`ScenarioError` (bad input found while running), a folder
+    this run created and left without results is removed (:func:`discard_unstarted`).
+    ``out=None``: no folder (yields None)."""
+    if out is None:
+        yield None
+        return
+    with locked(out) as folder:
+        prepare(folder, resume=resume, force=force)
+        with removed_on_scenario_error(folder, resume=resume):
+            yield folder
+
+
 # What a run writes before its first update: a folder holding only these has no results.
-START_FILES = frozenset({"scenario.toml", "provenance.json"})
+START_FILES = frozenset({"scenario.toml", "provenance.json", INPUTS, LOCK})
 
 
 @contextlib.contextmanager
@@ -190,9 +312,9 @@ def discard_unstarted(folder: Path | None) -> None:
     if folder is None or not folder.is_dir():
         return
     entries = list(folder.iterdir())
-    if all(p.name in START_FILES and p.is_file() for p in entries):
+    if all(p.name in START_FILES for p in entries):
         for p in entries:
-            p.unlink()
+            _remove(p)  # the lock file too: its holder (this process) removes nothing after
         folder.rmdir()
 
 
@@ -213,10 +335,6 @@ def scenario_toml(scn: Scenario) -> str:
     return dump_toml(d)
 
 
-def write_scenario(folder: Path, scn: Scenario) -> None:
-    atomic_write_text(folder / "scenario.toml", scenario_toml(scn))
-
-
 # ----------------------------------------------------------------------------- provenance
 def git_revision() -> dict[str, Any]:
     here = Path(__file__).resolve().parent.parent
@@ -232,13 +350,39 @@ def git_revision() -> dict[str, Any]:
         return {"git_revision": None}
 
 
+def numerics_environment() -> dict[str, Any]:
+    """What a run's last bits depend on besides the scenario and the package versions.
+
+    On CPU: XLA sizes its intra-op thread pool from ``PJRT_NPROC`` (else ``NPROC``, else the
+    CPUs the process may run on: its affinity, ``taskset``), and numpy's OpenBLAS, which
+    draws the synthetic data, from ``OPENBLAS_NUM_THREADS`` (else ``OMP_NUM_THREADS``,
+    capped at the affinity); a reduction split over another number of threads rounds
+    differently (docs/real.md, "What the numbers depend on"). ``XLA_FLAGS`` can change the
+    compiled programs. A replay names the ones that differ from its source's.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count()
+    env = {k.lower(): os.environ.get(k, "") for k in _THREAD_VARIABLES}
+    return {"cpu_affinity": cpus, "xla_flags": os.environ.get("XLA_FLAGS", ""), **env,
+            "jax_platforms": os.environ.get("JAX_PLATFORMS", "")}
+
+
+# The environment variables that set XLA's and OpenBLAS's thread counts (see above).
+_THREAD_VARIABLES = ("PJRT_NPROC", "NPROC", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def package_version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def provenance(scn: Scenario, **extra: Any) -> dict[str, Any]:
-    versions = {}
-    for pkg in ("asyncsim", "jax", "jaxlib", "numpy", "simpy", "optax", "pandas", "ray"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
+    versions = {pkg: package_version(pkg) for pkg in
+                ("asyncsim", "jax", "jaxlib", "numpy", "simpy", "optax", "pandas", "ray")}
     return {
         "seed": scn.seed,
         "scenario_file": scn.source,
@@ -247,6 +391,7 @@ def provenance(scn: Scenario, **extra: Any) -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "command": sys.argv,
+        **numerics_environment(),
         **git_revision(),
         **extra,
     }

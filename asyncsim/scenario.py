@@ -31,7 +31,7 @@ from typing import Any
 from asyncsim import _checks
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
-from asyncsim.config import Scenario, check_momentum_kind, from_dict, to_dict
+from asyncsim.config import SWEEP_PATHS, Scenario, check_momentum_kind, from_dict, to_dict
 from asyncsim.errors import ScenarioError, did_you_mean
 
 PROFILES = ("smoke", "default", "paper")
@@ -288,6 +288,9 @@ def _check_run(scn: Scenario) -> None:
             raise ScenarioError(f"run.{k}", "must be >= 0")
     if r.eval_samples is not None and r.eval_samples < 1:
         raise ScenarioError("run.eval_samples", "must be a positive integer")
+    if r.sweep_path not in SWEEP_PATHS:
+        raise ScenarioError("run.sweep_path", f"unknown sweep path {r.sweep_path!r}; allowed: "
+                            f"{', '.join(SWEEP_PATHS)}{did_you_mean(r.sweep_path, SWEEP_PATHS)}")
 
 
 def _check_measure(scn: Scenario) -> None:

@@ -9,7 +9,11 @@
 
 Points whose scenarios differ only in numerics (``optimizer.*``) share their timing, so one
 trace is simulated per timing group and each point is an exact replay of it
-(:mod:`asyncsim.replayer`); ``index.csv`` says which points shared a trace (``trace_group``).
+(:mod:`asyncsim.drivers.replay`); ``index.csv`` says which points shared a trace
+(``trace_group``). By default (``run.sweep_path = "exact"``) every point has exactly the
+numbers of its scenario run alone, whatever the machine's load; the faster paths for points
+that differ only in lr, beta or weight decay (one vmapped program, ``lax.scan`` chunks) agree
+to ~1e-5 and are an explicit opt-in, recorded per point (``sweep_path``, ``exact``).
 A point whose folder is already complete is not run again, so an interrupted sweep resumes
 where it stopped, and ``asyncsim run`` of a figure scenario "runs what is missing".
 
@@ -32,10 +36,11 @@ import pandas as pd
 
 from asyncsim import runs
 from asyncsim._registry import option_defaults
-from asyncsim.config import Scenario, to_dict
+from asyncsim.config import Scenario
 from asyncsim.drivers.choose import sweep_path
 from asyncsim.drivers.driver import numerics_for
 from asyncsim.drivers.online import run
+from asyncsim.drivers.record import folder_scenario
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import trace_run
@@ -43,7 +48,7 @@ from asyncsim.drivers.vmapped import hyper_of, replay_vmapped
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
-from asyncsim.scenario import point_scenarios
+from asyncsim.scenario import load_scenario, point_scenarios
 from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, sweep_edges
 from asyncsim.trace import Trace
 
@@ -57,13 +62,13 @@ def timing_key(scn: Scenario) -> str:
     """What fixes a scenario's timeline: everything but its numerics (optimizer, name), with
     the seed of the timing streams (:attr:`Scenario.timing_seed`) in place of ``seed``: under
     a fixed ``cluster.seed``, points that differ in ``seed`` share one trace."""
-    d = to_dict(scn)
+    d = folder_scenario(scn)[0]  # as its folder records it: input files by content
     for k in ("optimizer", "name", "description", "figure", "source", "sweep", "measure"):
         d.pop(k, None)
     d["seed"] = scn.timing_seed
     d["cluster"] = {k: v for k, v in d["cluster"].items() if k != "seed"}
     run = dict(d.get("run", {}))
-    for k in ("eval_every", "eval_samples", "checkpoint_every"):
+    for k in ("eval_every", "eval_samples", "checkpoint_every", "sweep_path"):
         run.pop(k, None)
     d["run"] = run
     return json.dumps(d, sort_keys=True, default=str)
@@ -79,7 +84,8 @@ def plan(scn: Scenario) -> list[dict[str, Any]]:
 
 
 def _run_point(item: Mapping[str, Any], folder: Path, shared_trace, *, progress: bool):
-    """Run one point: replay of the group's trace when it is shared, else an online run."""
+    """Run one point: replay of the group's trace when it is shared, else an online run; both
+    give the numbers of the point's scenario run alone, bit for bit."""
     scn = item["scenario"]
     monitor = monitor_for(scn)  # the scenario's [measure]: stored with the point
     if shared_trace is not None:
@@ -103,12 +109,20 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
         share_traces: replay one simulated trace per timing group (exact; faster).
         trace_only: timing only (for staleness studies): no gradients at all.
         vmap: for points of one trace that differ only in lr, momentum beta or weight decay:
-            ``"auto"`` replays them the way a short probe measures fastest here (one vmapped
-            program for all, or one by one; loop of jitted steps or ``lax.scan`` chunks),
-            ``"always"`` (vmapped), or ``"never"`` (one exact loop replay each).
+            ``"auto"`` replays them as the scenario's ``run.sweep_path`` says (default
+            ``"exact"``: one loop replay each, bit-identical to the point run alone),
+            ``"always"`` as one vmapped program (``"vmapped"``), ``"never"`` exactly.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # One process runs a sweep folder at a time (a second one is refused in one line); the
+    # points' own folders are locked by the drivers that write them.
+    with runs.locked(out):
+        return _run_sweep(scn, out, force, progress, executor, share_traces, trace_only, vmap)
+
+
+def _run_sweep(scn, out, force, progress, executor, share_traces, trace_only,
+               vmap) -> pd.DataFrame:
+    """:func:`run_sweep` holding the sweep folder's lock."""
     items = plan(scn)
     by_group: dict[int, list[dict[str, Any]]] = {}
     for it in items:
@@ -127,10 +141,11 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
         trace = _group_trace(members[0]["scenario"], out / f"trace_g{g:02d}") if shared else None
         # Measurements along the run need the loop path, one point at a time.
         observed = any(observes_along(it["scenario"]) for it in todo)
-        hypers = (_hyper_only(todo, scn) if shared and vmap != "never" and not observed
+        mode = _mode(todo[0]["scenario"], vmap)
+        hypers = (_hyper_only(todo, scn) if shared and mode != "exact" and not observed
                   else None)
         if hypers is not None and len(todo) > 1:
-            jobs.append(({"point": "vmapped"}, _vmap_job(todo, hypers, out, trace, vmap)))
+            jobs.append(({"point": "vmapped"}, _vmap_job(todo, hypers, out, trace, mode)))
             continue
         for it in todo:
             jobs.append((it, _job(it, out / it["point"], trace, progress)))
@@ -161,6 +176,8 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
         folder = out / it["point"]
         summary = runs.read_summary(folder) if runs.is_complete(folder) else {}
         row: dict[str, Any] = {"point": it["point"], **it["keys"], "folder": str(folder),
+                               "sweep_path": it["scenario"].run.sweep_path,
+                               "exact": summary.get("exact") if summary else None,
                                "vmapped": bool(summary.get("vmapped_points")),
                                "replay_path": summary.get("replay_path", ""),
                                "trace_group": it["group"],
@@ -187,8 +204,7 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
         saved = tomllib.loads((folder / "scenario.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
         return False
-    want = tomllib.loads(runs.dump_toml({k: v for k, v in to_dict(scn).items()
-                                         if k != "source"}))
+    want = tomllib.loads(runs.dump_toml(folder_scenario(scn)[0]))
     return _with_defaults(saved) == _with_defaults(want)
 
 
@@ -228,24 +244,44 @@ def _hyper_only(todo, scn: Scenario):
     return hypers
 
 
-def _vmap_job(todo, hypers, out, trace, vmap):
+# run.sweep_path -> (one program for all points or one by one, loop or scan).
+_FAST = {"vmapped": ("vmapped", "loop"), "vmapped-scan": ("vmapped", "scan"),
+         "scan": ("single", "scan")}
+
+
+def _mode(scn: Scenario, vmap: str) -> str:
+    """The sweep path of a group's points: the scenario's ``run.sweep_path``, unless the
+    caller's ``vmap`` forces one (``"always"``: vmapped; ``"never"``: exact)."""
+    if vmap not in ("auto", "always", "never"):
+        raise ValueError(f"vmap must be auto, always or never, got {vmap!r}")
+    return {"always": "vmapped", "never": "exact"}.get(vmap, scn.run.sweep_path)
+
+
+def _vmap_job(todo, hypers, out, trace, mode):
+    """The job of a group's hyperparameter-only points on an opt-in fast path (``mode``, a
+    :data:`~asyncsim.config.SWEEP_PATHS` entry other than "exact")."""
     def job():
         base = todo[0]["scenario"]
         num = numerics_for(base)
         folders = [out / it["point"] for it in todo]
-        # "always" skips the probe (its compiles cost more than a small sweep saves).
-        mode, path = (("vmapped", "loop") if vmap == "always"
-                      else sweep_path(base, trace, hypers, numerics=num))
+        if mode == "fastest":  # the opt-in whose numbers may follow the machine's load
+            how, path = sweep_path(base, trace, hypers, numerics=num)
+        else:
+            how, path = _FAST[mode]
+        if trace.uniform_n_grads is None:
+            path = "loop"  # the scan needs the same number of gradients in every update
         monitors = [monitor_for(it["scenario"]) for it in todo]
-        if mode == "vmapped":
+        extra = {"sweep_path": mode}
+        if how == "vmapped":
             res = replay_vmapped(base, trace, hypers, numerics=num, outs=folders, path=path,
-                                 monitors=monitors)
+                                 monitors=monitors, extra=extra)
         elif path == "scan":
             res = [replay_scan(it["scenario"], trace, out=f, force=True, numerics=num,
-                               hyper=h, kind="run", monitor=mon)
+                               hyper=h, kind="run", monitor=mon, extra=extra)
                    for it, f, h, mon in zip(todo, folders, hypers, monitors, strict=True)]
         else:
-            res = [replay(it["scenario"], trace, out=f, force=True, kind="run", monitor=mon)
+            res = [replay(it["scenario"], trace, out=f, force=True, kind="run", monitor=mon,
+                          extra=extra)
                    for it, f, mon in zip(todo, folders, monitors, strict=True)]
         return [r.summary for r in res]
     job.scenarios = [it["scenario"] for it in todo]
@@ -269,7 +305,13 @@ def _trace_job(it, folder):
 
 
 def _group_trace(scn: Scenario, folder: Path):
-    """The shared timing of a group: simulated once, saved, reused on a resumed sweep."""
+    """The shared timing of a group: simulated once, saved, reused on a resumed sweep while
+    it is this group's timing (an edited sweep file's trace is simulated again)."""
     if runs.is_complete(folder):
-        return Trace.load(folder)
+        try:
+            saved = load_scenario(folder / "scenario.toml")
+        except ScenarioError:
+            saved = None
+        if saved is not None and timing_key(saved) == timing_key(scn):
+            return Trace.load(folder)
     return trace_run(scn, folder, force=True).trace

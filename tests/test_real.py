@@ -7,6 +7,11 @@ each actor process starts and compiles the tiny model's gradient once.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -29,7 +34,11 @@ from asyncsim.drivers.real import (  # noqa: E402
     ensure_ray,
     ray_executor,
     real_run,
+    shutdown_ray,
+    watchdog,
 )
+from asyncsim.drivers.real.actors import thread_counts  # noqa: E402
+from asyncsim.drivers.real.run import numerics_env  # noqa: E402
 from asyncsim.numerics import core  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402
@@ -70,7 +79,7 @@ def cluster(tmp_path_factory):
     yield c
     c.close()
     if started:
-        ray.shutdown()
+        shutdown_ray()
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +295,185 @@ def _raw_tiny(tiny):
             "cluster": {"learners": 2, "compute": {"dist": "lognormal", "mean": 1.0,
                                                    "cv": 0.5}},
             "optimizer": {"lr": 0.05}, "run": {"updates": 6}}
+
+
+# ----------------------------------------------------------------------------- threads
+def test_thread_counts_follow_xla_and_openblas(monkeypatch):
+    """XLA's pool: PJRT_NPROC, else NPROC, else the affinity (not OMP_NUM_THREADS); BLAS:
+    OPENBLAS_NUM_THREADS, else GOTO_NUM_THREADS, else OMP_NUM_THREADS, capped at it."""
+    cpus = len(os.sched_getaffinity(0))
+    assert thread_counts({}) == {"xla": cpus, "blas": cpus}
+    assert thread_counts({"OMP_NUM_THREADS": "1"}) == {"xla": cpus, "blas": 1}
+    assert thread_counts({"PJRT_NPROC": "3", "NPROC": "5"})["xla"] == 3
+    assert thread_counts({"NPROC": "5"})["xla"] == 5
+    assert thread_counts({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "64"})["blas"] == 1
+    assert thread_counts({"GOTO_NUM_THREADS": "1", "OMP_NUM_THREADS": "64"})["blas"] == 1
+    assert thread_counts({"OMP_NUM_THREADS": "64"})["blas"] == cpus
+    for k in ("PJRT_NPROC", "NPROC", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+              "OMP_NUM_THREADS", "XLA_FLAGS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    env = numerics_env()
+    assert env["PJRT_NPROC"] == str(cpus) and env["OPENBLAS_NUM_THREADS"] == "1"
+    assert env["OMP_NUM_THREADS"] == "1" and env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+    one = numerics_env(1)
+    assert (one["PJRT_NPROC"], one["OMP_NUM_THREADS"], one["OPENBLAS_NUM_THREADS"]) == ("1",) * 3
+
+
+def test_actors_get_this_processs_thread_counts(cluster, async_run):
+    want = thread_counts()
+    assert cluster.counts == want and cluster.threads == want["xla"]
+    assert ray.get([a.thread_counts.remote() for a in cluster.learners]) == [want] * 3
+    s = async_run[2]
+    assert (s["threads"], s["blas_threads"]) == (want["xla"], want["blas"])
+
+
+# ----------------------------------------------------------------------------- processes
+def _proc_alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _kill_all(procs) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            if _proc_alive(p):
+                p.kill()
+        except psutil.Error:
+            pass
+
+
+def test_watchdog_ends_the_session_when_its_driver_is_killed(tmp_path):
+    """The watchdog alone (no Ray): a driver holding the pipe is SIGKILLed; the processes
+    with the session's marker, or with a file open in the session folder while running
+    this Python, end; a ``tail -f`` of a file there and an unrelated process do not."""
+    psutil = pytest.importorskip("psutil")
+    session = tmp_path / "session_x"
+    (session / "logs").mkdir(parents=True)
+    log = session / "logs" / "worker.out"
+    log.write_text("")
+    driver = tmp_path / "driver.py"
+    driver.write_text(f"""
+import os, subprocess, sys, time
+sys.path.insert(0, {str(REPO / "asyncsim" / "drivers" / "real")!r})
+import watchdog
+g = watchdog.guard()
+g.session({str(session)!r})
+sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+marked = subprocess.Popen(sleeper, env={{**os.environ, **g.env()}})
+holder = subprocess.Popen(sleeper, stdout=open({str(log)!r}, "a"))
+print(g.proc.pid, marked.pid, holder.pid, flush=True)
+time.sleep(300)
+""")
+    strangers = [subprocess.Popen(["tail", "-f", str(log)], stdout=subprocess.DEVNULL),
+                 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])]
+    p = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
+    procs = []
+    try:
+        procs = [psutil.Process(int(x)) for x in p.stdout.readline().split()]
+        assert len(procs) == 3 and all(_proc_alive(q) for q in procs)
+        time.sleep(0.5)
+        assert all(_proc_alive(q) for q in procs)  # the watchdog waits for its driver
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 15
+        while any(_proc_alive(q) for q in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [q.pid for q in procs if _proc_alive(q)]
+        assert all(q.poll() is None for q in strangers)
+        assert "ended" in (session / "logs" / "asyncsim_watchdog.log").read_text()
+    finally:
+        p.kill()
+        _kill_all(procs)
+        for q in strangers:
+            q.kill()
+            q.wait()
+
+
+def _cmd(p) -> str:
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _ray_session(driver) -> tuple[dict, str | None]:
+    """The driver's descendants now (pid: Process) and its watchdog's session token."""
+    import psutil
+
+    found, token = {}, None
+    try:
+        kids = driver.children(recursive=True)
+    except psutil.Error:
+        return found, token
+    for c in kids:
+        try:
+            cmd = c.cmdline()
+        except psutil.Error:
+            continue
+        found[c.pid] = c
+        if len(cmd) > 4 and cmd[3].endswith("watchdog.py"):
+            token = cmd[4]
+    return found, token
+
+
+def test_kill_9_of_a_real_driver_takes_its_local_ray_along(tmp_path, tiny):
+    """``kill -9`` of ``asyncsim real``: every process of the Ray session it started (the
+    GCS, the raylet, the agents, the learner and PS workers, the watchdog) is gone within
+    30 s, and no process carries the session's marker."""
+    psutil = pytest.importorskip("psutil")
+    from asyncsim._io import dump_toml
+
+    scn = tmp_path / "long.toml"
+    scn.write_text(dump_toml(tiny.with_defaults(
+        cluster={"learners": 2}, run={"updates": 10_000_000, "eval_every": 0}).base))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    with open(tmp_path / "driver.log", "w") as log:
+        p = subprocess.Popen([sys.executable, "-m", "asyncsim.cli", "real", str(scn), "--out",
+                              str(tmp_path / "run"), "--quiet"], env=env, cwd=tmp_path,
+                             stdout=log, stderr=subprocess.STDOUT)
+    driver = psutil.Process(p.pid)
+    seen: dict = {}
+    token = None
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and p.poll() is None:
+            now, tok = _ray_session(driver)
+            seen.update(now)
+            token = token or tok
+            names = [_cmd(c) for c in now.values()]
+            if any("PSHost.run" in n for n in names) and any("LearnerImpl" in n for n in names):
+                break
+            time.sleep(0.5)
+        assert p.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        assert token is not None and any("PSHost.run" in _cmd(c) for c in seen.values())
+        time.sleep(1.0)
+        seen.update(_ray_session(driver)[0])
+        names = {_cmd(c).split(" ")[0].rsplit("/", 1)[-1] for c in seen.values()}
+        assert {"raylet", "gcs_server"} <= names, names
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            left = [c for c in seen.values() if _proc_alive(c)]
+            marked = watchdog.session_pids(token)
+            if not left and not marked:
+                break
+            time.sleep(0.2)
+        assert not left and not marked, [(c.pid, c.name()) for c in left] + marked
+    finally:
+        p.kill()
+        _kill_all(seen.values())
+        if token:
+            _kill_all(psutil.Process(q) for q in watchdog.session_pids(token))
+

@@ -34,6 +34,10 @@ def print_summary(summary: dict, keys=None) -> None:
 def cmd_trace(args) -> int:
     scn = load_args(args)  # before the heavy imports: a misspelt key is reported at once
     from asyncsim.api import trace_run
+    from asyncsim.figures import check_figure
+
+    if "name" in scn.figure:
+        check_figure(scn.figure["name"])
 
     if scn.sweep:
         return _sweep(args, scn, trace_only=True)
@@ -50,16 +54,20 @@ def cmd_trace(args) -> int:
 def cmd_run(args) -> int:
     if not args.resume and not args.scenario:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
+    from asyncsim.figures import check_figure, draw_figure
+
     if args.resume:
         out = runs.resume_folder(args.resume)
         scn = load_scenario(out / "scenario.toml")
     else:
         scn = load_args(args)
-        if scn.sweep:
-            return _sweep(args, scn, trace_only=scn.run.trace_only)
+    if "name" in scn.figure:
+        check_figure(scn.figure["name"])  # a name, never a path: refused before running
+    if scn.sweep and not args.resume:
+        return _sweep(args, scn, trace_only=scn.run.trace_only)
+    if not args.resume:
         out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
     from asyncsim.api import run
-    from asyncsim.figures import draw_figure
 
     result = run(scn, out=out, resume=bool(args.resume), force=args.force,
                  progress=not args.quiet, profile=args.profile)
@@ -106,6 +114,10 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
         line += f" (the {' and the '.join(diverged)} diverged: see diverged_at)"
     if set_by_user:
         return line + " (--set changed the numerics)"
+    if summary.get("environment_changes"):
+        # What the last bits depend on differs (docs/real.md, "What the numbers depend on").
+        return line + (" (this machine differs from the source run's in what the last bits "
+                       f"depend on: {'; '.join(summary['environment_changes'])})")
     if summary.get("replay_path") == "scan":
         return line + (" (the scan path agrees with the loop to floating-point tolerance, "
                        "not bit for bit; --path loop reproduces the hash)")

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +35,7 @@ import pandas as pd
 from asyncsim import runs
 from asyncsim._io import atomic
 from asyncsim.config import Scenario
+from asyncsim.drivers.record import check_resume
 from asyncsim.numerics.core import CoreState, param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay
 from asyncsim.numerics.models import num_params
@@ -223,6 +225,22 @@ def load_checkpoint(folder: Path, template_state: CoreState, template_params):
     return meta["version"], state, versions, rec, meta["extra"]
 
 
+def resume_from(folder: Path, scn: Scenario, num: Numerics):
+    """The checkpoint ``folder`` resumes from (:func:`load_checkpoint`'s tuple), once it is
+    known to belong to ``scn``, the folder's scenario.toml as it is now (a one-line
+    :class:`~asyncsim.runs.RunFolderError` naming the changed keys otherwise, or when the
+    checkpoint cannot be read)."""
+    try:
+        with np.load(folder / CKPT) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise runs.RunFolderError(f"{folder / CKPT}: cannot be read ({type(e).__name__}: "
+                                  f"{e}); pass --force to start over") from None
+    check_resume(folder, meta.get("extra", {}).get("scenario"), scn)
+    template = num.init_state()
+    return load_checkpoint(folder, template, template.params)
+
+
 class Driver:
     """The one driver of a run's numerics, whatever executes its updates.
 
@@ -248,8 +266,11 @@ class Driver:
     def __init__(self, scn: Scenario, num: Numerics, *, folder: Path | None = None,
                  start: tuple | None = None, hyper: dict[str, float] | None = None,
                  versions: bool = True, monitor: Monitor | None = None,
-                 evaluate: bool = True, checkpoints: bool = True):
+                 evaluate: bool = True, checkpoints: bool = True,
+                 record: dict[str, Any] | None = None):
         self.scn, self.num, self.folder = scn, num, folder
+        # The scenario as the folder records it, kept in every checkpoint (drivers.record).
+        self.record = record
         self.hyper = dict(hyper or {})
         if start is not None:
             self.start_version, self.state, self.versions, self.rec, extra = start
@@ -441,17 +462,22 @@ class Driver:
     def checkpoint_extra(self, done: int) -> dict[str, Any]:
         """What a checkpoint keeps beside the numerics (the real PS adds its trace): the
         gradients applied and what the monitor measured so far."""
-        extra: dict[str, Any] = {"grads_applied": self.grads_applied}
+        extra: dict[str, Any] = {"grads_applied": self.grads_applied,
+                                 "scenario": self.record}
         if self.monitor is not None and hasattr(self.monitor, "state"):
             extra["monitor"] = self.monitor.state()
         return extra
 
     # ------------------------------------------------------------------ the end
     def finish(self, trace: Trace, t0: float, *, kind: str = "run",
-               extra: dict[str, Any] | None = None) -> RunResult:
-        """Final check and evaluation, summary (plus ``extra`` fields) and, with a folder,
-        every output file, ``summary.json`` last. A diverged run's trace ends at its last
-        applied update."""
+               extra: Mapping[str, Any] | None = None,
+               compare: Callable[[dict[str, Any], Any], Mapping[str, Any]] | None = None
+               ) -> RunResult:
+        """Final check and evaluation, summary (plus ``extra`` fields, and those
+        ``compare(summary, final params)`` returns: a replay's comparison with its source)
+        and, with a folder, every output file, ``summary.json`` last and once, so a folder
+        with a summary has all of it. A diverged run's trace ends at its last applied
+        update."""
         self.check()
         self.close_progress()
         if self.stopped_at is not None:
@@ -491,10 +517,14 @@ class Driver:
             "stop_reason": trace.meta.get("stop_reason"),
             "grouping": num.grouping,
             "backend": jax.default_backend(),
+            # The loop's numbers, bit for bit: a scan or vmapped replay says False.
+            "exact": True,
             **self._rates(trace_figures["staleness_mean"]),
             **measured,
             **(extra or {}),
         }
+        if compare is not None:
+            summary.update(compare(summary, final.params))
         folder = self.folder
         if folder is not None:
             trace.save(folder)

@@ -22,10 +22,11 @@ from asyncsim.drivers.driver import (
     Driver,
     Monitor,
     RunResult,
-    load_checkpoint,
     message_bytes,
     numerics_for,
+    resume_from,
 )
+from asyncsim.drivers.record import folder_scenario, start_folder
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.timing.cluster import Simulation, run_length
 
@@ -43,23 +44,21 @@ def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
         A :class:`RunResult`; ``summary`` has the trace figures plus ``final_test_error``,
         ``diverged``, ``diverged_at``, ``param_hash``, ``wall_time``.
     """
-    folder = runs.prepare(out, resume=resume, force=force) if out is not None else None
-    with runs.removed_on_scenario_error(folder, resume=resume):
+    with runs.opened(out, resume=resume, force=force) as folder:
         return _run(scn, folder, resume, progress, profile, grouping, numerics, monitor)
 
 
 def _run(scn, folder, resume, progress, profile, grouping, numerics, monitor) -> RunResult:
-    """:func:`run` once its folder is prepared."""
+    """:func:`run` once its folder is prepared (and locked)."""
     t0 = time.perf_counter()
     num = numerics or numerics_for(scn, grouping=grouping)
     start = None
     if resume and folder is not None and (folder / CKPT).exists():
-        template = num.init_state()
-        start = load_checkpoint(folder, template, template.params)
-    elif folder is not None:
-        runs.write_scenario(folder, scn)
-        runs.write_provenance(folder, scn, profile=profile)
-    driver = Driver(scn, num, folder=folder, start=start, monitor=monitor)
+        record = folder_scenario(scn)[0]
+        start = resume_from(folder, scn, num)
+    else:
+        record = start_folder(folder, scn, profile=profile)
+    driver = Driver(scn, num, folder=folder, start=start, monitor=monitor, record=record)
     sim = Simulation(scn, msg_bytes=message_bytes(scn), track_reads=True,
                      on_update=lambda v, rows: driver.on_update(v, rows, alive=sim.read_refs,
                                                                 now=sim.env.now))

@@ -16,8 +16,9 @@ refuse, before allocating anything, a trace that would need more than ``max_memo
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
+from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
@@ -110,7 +112,10 @@ def check_memory(held: int, trace: Trace, need: int, max_memory: int, *,
 def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force: bool = False,
            numerics: Numerics | None = None, hyper: Mapping[str, float] | None = None,
            max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
-           kind: str = "replay", monitor: Monitor | None = None) -> RunResult:
+           kind: str = "replay", monitor: Monitor | None = None,
+           extra: Mapping[str, Any] | None = None,
+           compare: Callable[[dict[str, Any], Any], Mapping[str, Any]] | None = None
+           ) -> RunResult:
     """Execute ``trace``'s numerics under ``scn`` (its optimizer, model, data, seed).
 
     Args:
@@ -119,29 +124,29 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
             :class:`ReplayMemoryError` before anything is allocated.
         monitor: what the replay measures along the way (a
             :class:`~asyncsim.drivers.driver.Monitor`; e.g. sharpness).
+        extra: more ``summary.json`` fields, written with the summary (which comes last);
+            ``compare(summary, final params)`` returns more (a comparison with a source).
     """
     num = numerics or numerics_for(scn)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     need = replay_memory(trace, num_params(shapes))
     check_learners(scn, trace)
     check_memory(need["versions"], trace, need["bytes"], max_memory)
-    folder = runs.prepare(out, force=force) if out is not None else None
-    if folder is not None:
-        runs.write_scenario(folder, scn)
-        runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"))
-    t0 = time.perf_counter()
-    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), monitor=monitor,
-                    checkpoints=False)
-    alive = Alive(last_use(trace))
-    if progress:
-        driver.show_progress(trace.num_updates)
-    try:
-        for v, rows, now in trace.iter_updates():
-            alive.v = v
-            if driver.on_update(v, rows, alive=alive, now=now) is False:
-                break
-    finally:
-        driver.close_progress()
-    return driver.finish(trace, t0, kind=kind, extra={
-        "replay_path": "loop", "replay_versions_held": need["versions"],
-        "replay_version_bytes": need["bytes"]})
+    with runs.opened(out, force=force) as folder:
+        start_folder(folder, scn, replay_of=trace.meta.get("source"))
+        t0 = time.perf_counter()
+        driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), monitor=monitor,
+                        checkpoints=False)
+        alive = Alive(last_use(trace))
+        if progress:
+            driver.show_progress(trace.num_updates)
+        try:
+            for v, rows, now in trace.iter_updates():
+                alive.v = v
+                if driver.on_update(v, rows, alive=alive, now=now) is False:
+                    break
+        finally:
+            driver.close_progress()
+        return driver.finish(trace, t0, kind=kind, extra={
+            "replay_path": "loop", "exact": True, "replay_versions_held": need["versions"],
+            "replay_version_bytes": need["bytes"], **(extra or {})}, compare=compare)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from jax import lax
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
+from asyncsim.drivers.record import start_folder
 from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory, last_use
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
@@ -97,7 +98,10 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
                 hyper: Mapping[str, float] | None = None, out: str | Path | None = None,
                 force: bool = False, chunk: int = 512, store: str = "auto",
                 max_memory: int = DEFAULT_MAX_MEMORY, kind: str = "replay",
-                monitor: Monitor | None = None) -> RunResult:
+                monitor: Monitor | None = None,
+                extra: Mapping[str, Any] | None = None,
+                compare: Callable[[dict[str, Any], Any], Mapping[str, Any]] | None = None
+                ) -> RunResult:
     """Replay as compiled chunks: a compiled loop over updates with a device store.
 
     ``store="versions"``: the parameter versions later gradients still read live in one
@@ -123,22 +127,22 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     m = trace.num_updates
     check_learners(scn, trace)
     run_chunk, xs_all, init_buf, fields = scan_setup(num, trace, c, store, max_memory)
-    folder = runs.prepare(out, force=force) if out is not None else None
-    if folder is not None:
-        runs.write_scenario(folder, scn)
-        runs.write_provenance(folder, scn, replay_of=trace.meta.get("source"), path="scan")
-    t0 = time.perf_counter()
-    driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), checkpoints=False,
-                    monitor=monitor)
-    every = scn.run.eval_every or m
-    times = trace.updates["time"]
-    first = (driver.state, init_buf(driver.state.params))
-    for carry, losses, _, e, redo in run_chunks(run_chunk, first, xs_all,
-                                                  chunk_bounds(m, chunk, every), chunk):
-        if driver.chunk_applied(e, carry[0], losses, e * c, now=float(times[e - 1]),
-                                state_at=lambda v, redo=redo: redo(v)[0]) is False:
-            break
-    return driver.finish(trace, t0, kind=kind, extra={"replay_path": "scan", **fields})
+    with runs.opened(out, force=force) as folder:
+        start_folder(folder, scn, replay_of=trace.meta.get("source"), path="scan")
+        t0 = time.perf_counter()
+        driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), checkpoints=False,
+                        monitor=monitor)
+        every = scn.run.eval_every or m
+        times = trace.updates["time"]
+        first = (driver.state, init_buf(driver.state.params))
+        for carry, losses, _, e, redo in run_chunks(run_chunk, first, xs_all,
+                                                      chunk_bounds(m, chunk, every), chunk):
+            if driver.chunk_applied(e, carry[0], losses, e * c, now=float(times[e - 1]),
+                                    state_at=lambda v, redo=redo: redo(v)[0]) is False:
+                break
+        # Agrees with the loop path to floating-point tolerance, not bit for bit.
+        return driver.finish(trace, t0, kind=kind, compare=compare, extra={
+            "replay_path": "scan", "exact": False, **fields, **(extra or {})})
 
 
 def check_chunk_monitor(monitor: Monitor | None) -> None:

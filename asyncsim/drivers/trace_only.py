@@ -16,6 +16,7 @@ import pandas as pd
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import message_bytes
+from asyncsim.drivers.record import start_folder
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.cluster import Simulation, run_length
 from asyncsim.trace import Trace
@@ -56,18 +57,16 @@ def trace_run(scn: Scenario, out: str | Path | None = None, *, force: bool = Fal
     before the summary is written (a measured stability edge, say:
     :mod:`asyncsim.stability.measure`).
     """
-    folder = runs.prepare(out, force=force) if out is not None else None
-    t0 = time.perf_counter()
-    with runs.removed_on_scenario_error(folder):  # e.g. a delay model's non-finite draw
-        trace = simulate(scn, progress=progress)
-    wall = time.perf_counter() - t0
-    summary = {"name": scn.name, "seed": scn.seed, "kind": "trace", **trace.summary(),
-               "wall_time": wall, "stop_reason": trace.meta.get("stop_reason")}
-    if measure is not None:
-        summary.update(measure(trace))
-    if folder is not None:
-        runs.write_scenario(folder, scn)
-        runs.write_provenance(folder, scn, driver="trace")
-        trace.save(folder)
-        runs.write_summary(folder, summary)
+    with runs.opened(out, force=force) as folder:
+        t0 = time.perf_counter()
+        trace = simulate(scn, progress=progress)  # a bad draw: the new folder is removed
+        wall = time.perf_counter() - t0
+        summary = {"name": scn.name, "seed": scn.seed, "kind": "trace", **trace.summary(),
+                   "wall_time": wall, "stop_reason": trace.meta.get("stop_reason")}
+        if measure is not None:
+            summary.update(measure(trace))
+        if folder is not None:
+            start_folder(folder, scn, driver="trace")
+            trace.save(folder)
+            runs.write_summary(folder, summary)
     return TraceResult(trace, summary, folder)

@@ -9,6 +9,7 @@ result equals its own replay up to floating-point reassociation under vmap (1e-5
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,7 @@ import numpy as np
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
+from asyncsim.drivers.record import start_folder
 from asyncsim.drivers.replay import (
     DEFAULT_MAX_MEMORY,
     Alive,
@@ -65,7 +67,8 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
                    numerics: Numerics | None = None, outs: Sequence[Path | None] | None = None,
                    max_memory: int = DEFAULT_MAX_MEMORY, path: str = "loop",
                    chunk: int = 512, store: str = "auto",
-                   monitors: Sequence[Monitor | None] | None = None) -> list[RunResult]:
+                   monitors: Sequence[Monitor | None] | None = None,
+                   extra: Mapping[str, Any] | None = None) -> list[RunResult]:
     """Replay one trace under several (lr, beta, weight_decay) settings in one program.
 
     The core state carries its hyperparameters (``CoreState.hyper``), so the P settings are
@@ -88,25 +91,34 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
     num = numerics or numerics_for(scn)
     P = len(hypers)
     check_learners(scn, trace)
-    m = trace.num_updates
     if path == "loop":  # the scan path's store is checked by scan_setup
         shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
         need = replay_memory(trace, num_params(shapes) * P)
         check_memory(need["versions"], trace, need["bytes"], max_memory, points=P)
     elif trace.uniform_n_grads is None:
         raise ValueError("path='scan' needs the same number of gradients in every update")
-    t0 = time.perf_counter()
-    drivers = []
-    for k, h in enumerate(hypers):
-        scn_k = _with_hyper(scn, h)
-        out = outs[k] if outs is not None else None
-        folder = runs.prepare(out, force=True) if out is not None else None
-        if folder is not None:
-            runs.write_scenario(folder, scn_k)
-            runs.write_provenance(folder, scn_k, replay_of=trace.meta.get("source"),
-                                  vmapped_points=P)
-        drivers.append(Driver(scn_k, num, folder=folder, hyper=dict(h), evaluate=False,
-                              checkpoints=False, monitor=monitors[k]))
+    with contextlib.ExitStack() as held:
+        t0 = time.perf_counter()
+        drivers = []
+        for k, h in enumerate(hypers):
+            scn_k = _with_hyper(scn, h)
+            out = outs[k] if outs is not None else None
+            folder = held.enter_context(runs.opened(out, force=True))
+            start_folder(folder, scn_k, replay_of=trace.meta.get("source"), vmapped_points=P)
+            drivers.append(Driver(scn_k, num, folder=folder, hyper=dict(h), evaluate=False,
+                                  checkpoints=False, monitor=monitors[k]))
+        fields = _execute(num, trace, scn, drivers, path, chunk, store, max_memory)
+        wall = time.perf_counter() - t0
+        # vmap reassociates the arithmetic: each point agrees with its own replay to 1e-5.
+        return [d.finish(trace, t0, kind="run", extra={
+            "wall_time": wall / P, "vmapped_points": P, "replay_path": path, "exact": False,
+            **fields, **(extra or {})}) for d in drivers]
+
+
+def _execute(num, trace, scn, drivers, path, chunk, store, max_memory) -> dict[str, Any]:
+    """Run the stacked points' updates, feeding each point's Driver; the scan store's
+    summary fields."""
+    P, m = len(drivers), trace.num_updates
     state = _stack([d.state for d in drivers])
     lanes = _Lanes(num, drivers, scn.run)
     lanes.evaluate(0, state)
@@ -121,13 +133,9 @@ def replay_vmapped(scn: Scenario, trace: Trace, hypers: Sequence[Mapping[str, fl
             if not lanes.feed(e, carry[0], losses, e * c, float(times[e - 1]),
                               lambda v, redo=redo: redo(v)[0]):
                 break
-    else:
-        fields = {}
-        _loop(num, trace, state, lanes)
-    wall = time.perf_counter() - t0
-    return [d.finish(trace, t0, kind="run", extra={
-        "wall_time": wall / P, "vmapped_points": P, "replay_path": path, **fields})
-        for d in drivers]
+        return fields
+    _loop(num, trace, state, lanes)
+    return {}
 
 
 def _stack(trees):

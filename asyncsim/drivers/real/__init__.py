@@ -11,7 +11,8 @@ from asyncsim.drivers.real.run import (
     ensure_ray,
     ray_executor,
     real_run,
+    shutdown_ray,
 )
 
 __all__ = ["RealCluster", "RealRunError", "check_supported", "ensure_ray", "ray_executor",
-           "real_run"]
+           "real_run", "shutdown_ray"]

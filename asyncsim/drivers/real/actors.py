@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import os
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,13 +66,51 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import CKPT, Driver, load_checkpoint, numerics_for
+from asyncsim.drivers.driver import CKPT, Driver, numerics_for, resume_from
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 from asyncsim.trace import Trace
 
-SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+# ----------------------------------------------------------------------------- threads
+def _count(value: str | None) -> int | None:
+    try:
+        return int(value.strip()) if value is not None else None
+    except ValueError:
+        return None
+
+
+def cpu_affinity() -> int:
+    """The number of CPUs this process may run on (``taskset``, cgroup cpusets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def thread_counts(env: dict[str, str] | None = None) -> dict[str, int]:
+    """The thread counts a process's last bits depend on, as this process (or one with
+    ``env``) gets them (measured: docs/real.md, "Exact replay"):
+
+    * ``xla``: XLA's CPU intra-op thread pool. XLA sizes it from ``PJRT_NPROC`` (else
+      ``NPROC``), else from the CPUs the process may run on (``sched_getaffinity``:
+      ``tsl::port::MaxParallelism``); ``OMP_NUM_THREADS`` and
+      ``--xla_cpu_multi_thread_eigen=false`` do not change it;
+    * ``blas``: the threads of numpy's OpenBLAS (the synthetic data sets are generated with
+      numpy matrix products): ``OPENBLAS_NUM_THREADS``, else ``GOTO_NUM_THREADS``, else
+      ``OMP_NUM_THREADS``, capped at the affinity's CPU count.
+    """
+
+    env = os.environ if env is None else env
+    cpus = cpu_affinity()
+    xla = next((n for k in ("PJRT_NPROC", "NPROC") if (n := _count(env.get(k))) is not None),
+               cpus)
+    blas = next((n for k in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+                 if (n := _count(env.get(k))) is not None and n > 0), cpus)
+    return {"xla": max(0, xla), "blas": min(blas, cpus)}
+
+
 RESTARTS = "restarts.csv"
 
 
@@ -115,6 +154,10 @@ class LearnerImpl:
         jax.block_until_ready(self.num.grad(p, self.num.x_train, self.num.y_train,
                                             np.int32(self.learner), np.int32(0)))
         return os.getpid()
+
+    def thread_counts(self) -> dict[str, int]:
+        """:func:`thread_counts` as this actor's process has them."""
+        return thread_counts()
 
     def compute(self, job, params, batch: int, die: bool = False):
         if self.job_id != job[0]:
@@ -206,8 +249,7 @@ class PSImpl:
         self.t_offset = 0.0
         start = None
         if resume and self.folder is not None and (self.folder / CKPT).exists():
-            template = num.init_state()
-            start = load_checkpoint(self.folder, template, template.params)
+            start = resume_from(self.folder, scn, num)
             extra = start[4]
             for k in _GCOLS:
                 self.g[k] = list(extra["trace"]["grads"][k])
@@ -217,7 +259,11 @@ class PSImpl:
             self.resumes = list(extra.get("resumes", []))
             self.t_offset = float(self.u["time"][-1]) if self.u["time"] else 0.0
             self.resumes.append({"version": int(start[0]), "t": self.t_offset})
-        self.driver = _RealDriver(scn, num, folder=self.folder, start=start, versions=False)
+        # The scenario as the folder records it (the driver wrote it), kept in checkpoints.
+        record = (tomllib.loads((self.folder / "scenario.toml").read_text())
+                  if self.folder is not None else None)
+        self.driver = _RealDriver(scn, num, folder=self.folder, start=start, versions=False,
+                                  record=record)
         self.driver.ps = self
         self.proto = get_protocol_class(scn.protocol.kind)(scn.protocol, lam)
         self.clock = _Clock(self._apply_update)

@@ -17,22 +17,53 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.plugins import install_plugins, pack_plugins
+from asyncsim.drivers.real import watchdog
 from asyncsim.drivers.real.actors import (
-    SINGLE_THREAD_XLA,
     LearnerImpl,
     PSHost,
     RealRunError,
+    thread_counts,
 )
+from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.cluster import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 
-
 # ----------------------------------------------------------------------------- Ray setup
-def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
-    """Connect to Ray once: a local instance by default, ``address`` to join a cluster."""
+_GUARD: watchdog.Guard | None = None
 
+
+def _close_guard(wait: float | None = 5.0) -> None:
+    """After ``ray.shutdown``: the watchdog ends any process of the session that outlived
+    it, and exits. Not an exit hook: when this process exits, the kernel closes the pipe
+    after every exit hook has run (Ray's shutdown included), so the watchdog never races
+    Ray's own teardown, and the exit does not wait for it."""
+
+    global _GUARD
+    if _GUARD is not None:
+        _GUARD.close(wait=wait)
+        _GUARD = None
+
+
+def _session_dir() -> str | None:
+    """The folder of the local Ray session (its logs and sockets): every process of the
+    session holds files in it, which is how the watchdog finds them."""
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()
+    except Exception:  # pragma: no cover - a Ray without it: the environment mark only
+        return None
+
+
+def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Connect to Ray once: a local instance by default, ``address`` to join a cluster.
+
+    A local instance started here goes away with this process however it ends (a
+    ``kill -9`` included): see :mod:`.watchdog`. A cluster joined with ``address`` is left
+    alone.
+    """
+
+    global _GUARD
     if ray.is_initialized():
         return
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
@@ -45,8 +76,41 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
                                 category=RuntimeWarning)
         if address:
             ray.init(address=address, **kw)
-        else:
+            return
+        _close_guard()  # a previous local instance (ray.shutdown() since): end its rest
+        # Ray's own programs (raylet, gcs_server) live in its package folder.
+        _GUARD = watchdog.guard((os.path.dirname(os.path.realpath(ray.__file__)),))
+        if _GUARD is None:  # no /proc: Ray's own fate sharing only
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kw)
+            return
+        # The GCS and the raylet inherit the marker, and everything the raylet starts
+        # inherits it from them; this process's later children do not get it.
+        saved = {k: os.environ.get(k) for k in _GUARD.env()}
+        os.environ.update(_GUARD.env())
+        try:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kw)
+            if not watchdog.session_pids(_GUARD.token):
+                # ray.init joined a running instance (RAY_ADDRESS, or one `ray start` left
+                # in /tmp/ray/ray_current_cluster) instead of starting one: not ours to end.
+                _close_guard()
+            elif (d := _session_dir()) is not None:
+                _GUARD.session(d)
+        except BaseException:
+            _close_guard()
+            raise
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()``, then end whatever of a local instance outlived it."""
+
+    ray.shutdown()
+    _close_guard()
 
 
 def check_supported(scn: Scenario) -> None:
@@ -61,21 +125,35 @@ def check_supported(scn: Scenario) -> None:
 
 # ----------------------------------------------------------------------------- driver side
 def default_threads() -> int:
-    """The intra-op threads of a plain process here (what ``asyncsim replay`` will use)."""
-    env = os.environ.get("OMP_NUM_THREADS")
-    return int(env) if env and env.isdigit() else (os.cpu_count() or 1)
+    """XLA's intra-op threads in a plain process here (what ``asyncsim replay`` will use)."""
+    return thread_counts()["xla"]
 
 
-def _actor_options(threads: int) -> dict[str, Any]:
-    env = {"OMP_NUM_THREADS": str(threads)}
-    if threads == 1:
-        env["XLA_FLAGS"] = SINGLE_THREAD_XLA
-    # A persistent compile cache, when the user has one: a restarted learner then loads its
-    # gradient function instead of compiling it again.
-    for k in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
-        if os.environ.get(k):
-            env[k] = os.environ[k]
-    return {"runtime_env": {"env_vars": env}}
+def numerics_env(threads: int | None = None) -> dict[str, str]:
+    """The environment that gives a Ray worker this process's numerics.
+
+    A gradient's last bits depend on XLA's CPU thread pool, which XLA sizes from
+    ``PJRT_NPROC`` or else from the process's CPU affinity (not from ``OMP_NUM_THREADS``),
+    and the synthetic data sets on numpy's BLAS threads (``OPENBLAS_NUM_THREADS`` /
+    ``OMP_NUM_THREADS``, capped at the affinity); see :func:`.actors.thread_counts`. So a
+    worker gets both counts of this process explicitly (``threads``: both set to that
+    instead), whatever its own affinity and whatever Ray sets (``OMP_NUM_THREADS=1``), plus
+    this process's ``JAX_*``/``XLA_*`` variables (``XLA_FLAGS`` can change the programs; a
+    persistent compile cache lets a restarted learner load its gradient function instead
+    of compiling it again).
+    """
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(("JAX_", "XLA_"))}
+    if threads is not None:
+        return {**env, "PJRT_NPROC": str(threads), "OMP_NUM_THREADS": str(threads),
+                "OPENBLAS_NUM_THREADS": str(threads)}
+    n = thread_counts()
+    return {**env, "PJRT_NPROC": str(n["xla"]), "OPENBLAS_NUM_THREADS": str(n["blas"]),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(n["blas"])}
+
+
+def _actor_options(threads: int | None) -> dict[str, Any]:
+    return {"runtime_env": {"env_vars": numerics_env(threads)}}
 
 
 class RealCluster:
@@ -89,8 +167,11 @@ class RealCluster:
     def __init__(self, size: int, *, threads: int | None = None, learner_cpus: float = 0,
                  address: str | None = None):
         ensure_ray(address)
-        self.threads = threads or default_threads()
-        self.opts = _actor_options(self.threads)
+        self.opts = _actor_options(threads)
+        # What the actors are given (and what a replay needs): XLA's and BLAS's threads.
+        env = self.opts["runtime_env"]["env_vars"]
+        self.counts = thread_counts(env)
+        self.threads = self.counts["xla"]
         Learner = ray.remote(LearnerImpl).options(max_restarts=-1, max_task_retries=0,
                                                   num_cpus=learner_cpus, **self.opts)
         self.learners = [Learner.remote() for _ in range(size)]
@@ -138,6 +219,19 @@ def _ready(learners: list, jobs: list, *, timeout: float = 300.0) -> list[int]:
             time.sleep(0.5)
 
 
+def _check_threads(learners: list, want: dict[str, int]) -> None:
+    """Warn when a learner's process does not get the thread counts asked for (a node with
+    fewer CPUs than this one caps BLAS's): its gradients may then differ in the last bits
+    from a replay here."""
+
+    got = ray.get([a.thread_counts.remote() for a in learners])
+    bad = [k for k, g in enumerate(got) if g != want]
+    if bad:
+        warnings.warn(f"learners {bad} run with threads {got[bad[0]]}, not {want}: a replay "
+                      "on this machine may differ in the last bits", RuntimeWarning,
+                      stacklevel=3)
+
+
 def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
              force: bool = False, address: str | None = None, emulate_compute: bool = False,
              threads: int | None = None, learner_cpus: float = 0, faults: dict | None = None,
@@ -146,11 +240,13 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
 
     Returns the run's summary (the fields of a simulated run's ``summary.json`` plus
     ``restarts``, ``resumes``, ``real_wall_time``, ``updates_per_s``, ``startup_s``,
-    ``threads``).
+    ``threads`` (XLA's), ``blas_threads``).
 
     Args:
-        threads: intra-op threads per actor (default: :func:`default_threads`, which makes
-            a replay in a plain process on this machine bit-identical).
+        threads: XLA's and BLAS's threads per actor (default: this process's, see
+            :func:`numerics_env`, which makes a replay in a plain process on this machine
+            bit-identical; with ``threads=N``, replay with ``PJRT_NPROC=N
+            OMP_NUM_THREADS=N``).
         learner_cpus: Ray CPUs reserved per learner (0: place all of them even on a small
             machine; on a cluster set 1 to spread them over nodes).
         emulate_compute: also sleep a draw of ``cluster.compute`` per gradient.
@@ -163,13 +259,18 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
     """
 
     check_supported(scn)
-    folder = None
-    if out is not None:
-        folder = runs.prepare(out, resume=resume, force=force).resolve()
-        if not (resume and (folder / "scenario.toml").exists()):
-            runs.write_scenario(folder, scn)
-            runs.write_provenance(folder, scn, profile=profile, driver="real",
-                                  ray_address=address)
+    # The driver holds the folder's lock for the run; the PS actor writes into it.
+    with runs.opened(out, resume=resume, force=force) as folder:
+        folder = folder.resolve() if folder is not None else None
+        if folder is not None and not (resume and (folder / "scenario.toml").exists()):
+            start_folder(folder, scn, profile=profile, driver="real", ray_address=address)
+        return _real_run(scn, folder, resume, address, emulate_compute, threads,
+                         learner_cpus, faults, cluster)
+
+
+def _real_run(scn, folder, resume, address, emulate_compute, threads, learner_cpus, faults,
+              cluster) -> dict[str, Any]:
+    """:func:`real_run` once its folder is prepared (and locked)."""
     t_start = time.perf_counter()
     own = cluster is None
     if own:
@@ -192,13 +293,15 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
             # (on 2 cores, λ concurrent compiles of the same function cost λ times the CPU).
             _ready(learners[:1], jobs[:1])
         _ready(learners, jobs)
+        _check_threads(learners, cluster.counts)
         startup = time.perf_counter() - t_start
         n_train = (train_size(scn.data.name, scn.data.options) if scn.run.epochs is not None
                    else None)
         try:
             out_ = ray.get(ps.run.remote(scn, str(folder) if folder else None, learners, jobs,
                                          resume, faults, run_length(scn, n_train=n_train),
-                                         {"startup_s": startup, "threads": cluster.threads},
+                                         {"startup_s": startup, "threads": cluster.threads,
+                                          "blas_threads": cluster.counts["blas"]},
                                          plugins))
         except ray.exceptions.RayActorError as e:
             raise RealRunError(f"the PS died ({type(e).__name__}); continue with "
@@ -221,9 +324,9 @@ def ray_executor(address: str | None = None, *, num_cpus: float = 1) -> Callable
 
     ensure_ray(address)
     cwd = os.getcwd()
-    # Ray gives tasks OMP_NUM_THREADS=num_cpus; XLA's results depend on the thread count
-    # (see SINGLE_THREAD_XLA's comment), so tasks get the local process's count instead.
-    env = {"OMP_NUM_THREADS": str(default_threads())}
+    # Ray gives tasks OMP_NUM_THREADS=num_cpus; results depend on XLA's and BLAS's thread
+    # counts, so tasks get this process's (see numerics_env).
+    env = numerics_env()
 
     @ray.remote(num_cpus=num_cpus, runtime_env={"env_vars": env})
     def _job(job, plugins):

@@ -50,7 +50,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from asyncsim._registry import PluginRegistry, call_checked, check_options
+from asyncsim._registry import (
+    PluginRegistry,
+    alternatives,
+    call_checked,
+    check_options,
+    path_options,
+    signature_options,
+)
 from asyncsim.errors import ScenarioError
 
 __all__ = [
@@ -239,6 +246,22 @@ def make_delay(
                            nested={DelayModel: ("a delay-model table {dist = ..., ...}",
                                                 _nested)})
     return call_checked(cls, kwargs, key=key, what="", name=name)
+
+
+def spec_files(spec: Any) -> list[tuple[tuple[str, ...], str]]:
+    """The file paths a delay spec reads, nested specs (a straggler's ``base``) included:
+    ``(where in the spec, the path as written)``, e.g. ``(("path",), "delays.csv")`` for an
+    ``empirical`` model; found from the models' annotations (``Path``), so a plug-in's file
+    parameters are found too. A run folder copies these files (docs/design.md)."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("dist"), str):
+        return []
+    cls = _registry.get(spec["dist"], "dist")
+    out = [((k,), spec[k]) for k in path_options(cls, spec)]
+    _, hints, _ = signature_options(cls)
+    for k, v in spec.items():
+        if isinstance(v, Mapping) and DelayModel in alternatives(hints.get(k)):
+            out += [((k, *where), path) for where, path in spec_files(v)]
+    return out
 
 
 def _nested(spec: Mapping[str, Any], key: str, base_dir: Any) -> DelayModel:

@@ -1,0 +1,148 @@
+"""What a run folder records of its scenario, so that the folder stands alone.
+
+A run folder's ``scenario.toml`` is the resolved scenario with every file it reads made
+independent of where the scenario came from (docs/design.md, "Run folders"):
+
+* the small files a scenario's timing reads (an ``empirical`` delay model's CSV, any
+  ``Path`` parameter of a plug-in delay model) are copied into ``RUN/inputs/`` under a name
+  that carries their SHA-256 (``inputs/3f2a9c01b7de-delays.csv``), and ``scenario.toml``
+  names the copy, relative to the folder: replay, resume and a rerun of the folder's
+  ``scenario.toml`` read the copy wherever the folder has moved;
+* a data set's or model's file options (``data.path`` of ``cifar10``: far too big to copy)
+  are written as absolute paths, ``~`` expanded, relative ones resolved against the
+  scenario file's folder.
+
+``provenance.json`` lists the copies with their hashes and where they came from
+(``inputs``). The same dict is what a checkpoint records as the scenario it belongs to, so
+``--resume`` can refuse a folder whose ``scenario.toml`` was edited since
+(:func:`check_resume`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from asyncsim import runs
+from asyncsim._io import atomic, dump_toml
+from asyncsim._registry import path_options
+from asyncsim.config import Scenario, changed_keys, to_dict
+from asyncsim.errors import ScenarioError
+from asyncsim.numerics.data import dataset_factory
+from asyncsim.numerics.models import model_factory
+from asyncsim.timing.delays.base import spec_files
+
+# Where a scenario's cluster holds delay specs (cluster.compute may be one per learner).
+_SPECS = (("compute",), ("network", "pull", "latency"), ("network", "push", "latency"),
+          ("ps_service",))
+
+
+def folder_scenario(scn: Scenario, folder: Path | None = None
+                    ) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """``(the dict RUN/scenario.toml holds, the copied inputs by dotted key)``; with
+    ``folder``, the inputs are copied there (atomically; a copy already there is kept)."""
+    d = to_dict(scn)
+    d.pop("source", None)
+    base = scn.base_dir or Path.cwd()
+    inputs: dict[str, dict[str, str]] = {}
+    cluster = d.get("cluster", {})
+    for where in _SPECS:
+        spec = _get(cluster, where)
+        specs = list(enumerate(spec)) if isinstance(spec, list) else [(None, spec)]
+        for i, one in specs:
+            at = "cluster." + ".".join(where) + ("" if i is None else f"[{i}]")
+            for sub, value in spec_files(one):
+                key = f"{at}.{'.'.join(sub)}"
+                src = _resolve(value, base)
+                digest = _sha256(src, key)
+                name = f"{runs.INPUTS}/{digest[:12]}-{src.name}"
+                if folder is not None:
+                    _copy(src, folder / name, digest)
+                _set(one, sub, name)
+                inputs[key] = {"file": name, "sha256": digest, "from": str(src)}
+    for section, lookup in (("data", dataset_factory), ("model", model_factory)):
+        sec = d.get(section, {})
+        try:
+            factory = lookup(sec.get("name"))
+        except ScenarioError:
+            continue  # not installed here: written as given
+        for k in path_options(factory, sec):
+            sec[k] = str(_resolve(sec[k], base))
+    return d, inputs
+
+
+def write_scenario(folder: Path, scn: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write ``folder/scenario.toml``, its inputs copied in: :func:`folder_scenario`'s pair."""
+    d, inputs = folder_scenario(scn, folder)
+    runs.atomic_write_text(folder / "scenario.toml", dump_toml(d))
+    return d, inputs
+
+
+def start_folder(folder: Path | None, scn: Scenario, **provenance: Any) -> dict[str, Any]:
+    """Write a new run's ``scenario.toml`` (:func:`write_scenario`) and ``provenance.json``
+    (with the copied inputs); returns the scenario dict the folder records (what its
+    checkpoints keep). ``folder=None``: nothing is written."""
+    if folder is None:
+        return folder_scenario(scn)[0]
+    d, inputs = write_scenario(folder, scn)
+    runs.write_provenance(folder, scn, inputs=inputs, **provenance)
+    return d
+
+
+def check_resume(folder: Path, saved: dict[str, Any] | None, scn: Scenario) -> None:
+    """Refuse, in one line naming the keys, to resume ``folder`` when its ``scenario.toml``
+    (loaded as ``scn``) no longer resolves to the scenario its checkpoint belongs to
+    (``saved``): the numbers would come from one run and the rest from another."""
+    if saved is None:
+        raise runs.RunFolderError(f"{folder}: its checkpoint does not record the scenario it "
+                                  "belongs to (written by an older asyncsim), so it cannot "
+                                  "be checked against scenario.toml: pass --force to start "
+                                  "over")
+    now, _ = folder_scenario(scn)
+    changed = changed_keys(_plain(saved), _plain(now))
+    if changed:
+        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6
+                                         else "")
+        raise runs.RunFolderError(f"{folder}: scenario.toml changed since the checkpoint "
+                                  f"({shown}); the checkpoint belongs to the scenario as it "
+                                  "was: restore it, or pass --force to start over")
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """Through JSON, as a checkpoint stores it (tuples as lists)."""
+    return json.loads(json.dumps(d))
+
+
+def _get(d: Any, where: tuple[str, ...]) -> Any:
+    for k in where:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def _set(d: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
+    for k in where[:-1]:
+        d = d[k]
+    d[where[-1]] = value
+
+
+def _resolve(value: str, base: Path) -> Path:
+    path = Path(value).expanduser()
+    return (path if path.is_absolute() else base / path).resolve()
+
+
+def _sha256(path: Path, key: str) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as e:
+        raise ScenarioError(key, f"cannot read {str(path)!r}: {e.strerror or e}") from None
+
+
+def _copy(src: Path, dest: Path, digest: str) -> None:
+    if dest.exists() and _sha256(dest, str(dest)) == digest:
+        return  # already the folder's copy (a resume, a replay of this folder)
+    dest.parent.mkdir(exist_ok=True)
+    with atomic(dest) as tmp:
+        shutil.copyfile(src, tmp)
