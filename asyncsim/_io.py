@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import urllib.error
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,10 @@ def atomic(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]:
 def _refused(e: OSError) -> bool:
     if e.errno in _WRITE_ERRNOS:
         return True
-    # pyarrow's IOError carries no errno, only the system's message.
-    return e.errno is None and any(os.strerror(n) in str(e) for n in _WRITE_ERRNOS)
+    # pyarrow's IOError carries no errno, only the system's message (a download's URLError,
+    # which has none either, is not a write).
+    return (e.errno is None and not isinstance(e, urllib.error.URLError)
+            and any(os.strerror(n) in str(e) for n in _WRITE_ERRNOS))
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

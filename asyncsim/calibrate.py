@@ -44,7 +44,13 @@ def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
     scn = load_scenario(run_dir / "scenario.toml")
     trace = Trace.load(run_dir)
     out = Path(out) if out else run_dir / "calibrated.toml"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the run's files (by default into the run folder): as its one writer.
+    with runs.locked(out.parent):
+        return _write_calibrated(scn, trace, run_dir, out, kind)
+
+
+def _write_calibrated(scn, trace, run_dir: Path, out: Path, kind: str) -> Path:
+    """:func:`calibrate` holding the lock of ``out``'s folder."""
     m = measured_durations(trace)
 
     def spec(values: np.ndarray, name: str) -> dict[str, Any]:

@@ -31,15 +31,15 @@ def drawable_figures() -> list[str]:
                   if not m.name.startswith("_"))
 
 
-def check_figure(name: object) -> str:
+def check_figure(name: object, *, key: str = "figure.name", file: str | None = None) -> str:
     """``name`` if it is a registered figure (:func:`drawable_figures`); else a one-line
-    ScenarioError under ``figure.name`` listing them. ``asyncsim run`` checks a scenario's
-    ``[figure] name`` with it before running anything."""
+    ScenarioError under ``key`` listing them. ``asyncsim run`` checks a scenario's
+    ``[figure] name`` with it before running anything, ``asyncsim figures`` its arguments."""
     drawable = drawable_figures()
     if not isinstance(name, str) or name not in drawable:
-        raise ScenarioError("figure.name", f"unknown figure {name!r}; figures: "
+        raise ScenarioError(key, f"unknown figure {name!r}; figures: "
                             f"{', '.join(drawable) or '(none)'}"
-                            f"{did_you_mean(str(name), drawable)}")
+                            f"{did_you_mean(str(name), drawable)}", file=file)
     return name
 
 
@@ -78,10 +78,7 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
     written: list[Path] = []
     drawable = drawable_figures()
     for name in names or []:
-        if name not in drawable:
-            raise ScenarioError("", f"unknown figure {name!r}; figures: "
-                                f"{', '.join(drawable) or '(none)'}"
-                                f"{did_you_mean(name, drawable)}", file=name)
+        check_figure(name, key="", file=name)
     for name in names or drawable:
         d = figure_runs(name, runs_dir, profile)
         if d is None:

@@ -207,6 +207,10 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
                                  f"{_go_on(kind, folder)}"
                                  + (", or pass --force to start over" if kind in _RESUME else ""))
         if force:
+            busy = _busy_below(folder)
+            if busy is not None:
+                raise RunFolderError(f"{folder}: --force would remove {busy}, which another "
+                                     "asyncsim process is writing; wait for it to finish")
             for p in folder.iterdir():
                 if p.name != LOCK:
                     _remove(p)
@@ -214,7 +218,8 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
     return folder
 
 
-# Folders this process holds the lock of: resolved path -> [file descriptor, depth].
+# Folders this process holds the lock of: resolved path -> [file descriptor, depth, remove
+# the folder at release (discard_unstarted emptied it)].
 _HELD: dict[Path, list[int]] = {}
 
 
@@ -226,7 +231,7 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
     within a process. The lock goes away with the process however it ends (the kernel
     drops it), and the file is removed when the block ends."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    _make(folder)
     key = folder.resolve()
     if key in _HELD:
         _HELD[key][1] += 1
@@ -236,20 +241,57 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
             _HELD[key][1] -= 1
         return
     fd = _acquire(folder / LOCK)
-    _HELD[key] = [fd, 1]
+    _HELD[key] = [fd, 1, 0]
     try:
         yield folder
     finally:
-        del _HELD[key]
+        discard = _HELD.pop(key)[2]
         with contextlib.suppress(OSError):
             if os.fstat(fd).st_ino == (folder / LOCK).stat().st_ino:
                 (folder / LOCK).unlink()
         os.close(fd)  # closing releases the lock
+        if discard:
+            # Emptied by discard_unstarted: gone, unless another writer has just created
+            # its lock in it (then the folder is its own).
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _make(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name, a read-only place, ...
+        raise RunFolderError(f"{folder}: cannot be a run folder: {e.strerror or e}") from None
+
+
+def _busy_below(folder: Path) -> Path | None:
+    """A folder inside ``folder`` whose lock another process holds (a replay writing
+    RUN/replay, a sweep point), which removing ``folder``'s content would pull away."""
+    for lock in folder.rglob(LOCK):
+        if lock.parent == folder:
+            continue
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return lock.parent
+        finally:
+            os.close(fd)  # releases the probe
+    return None
 
 
 def _acquire(path: Path) -> int:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # its folder was just discarded by its last writer
+            _make(path.parent)
+            continue
+        except OSError as e:
+            raise RunFolderError(f"{path.parent}: cannot be written: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -313,9 +355,16 @@ def discard_unstarted(folder: Path | None) -> None:
         return
     entries = list(folder.iterdir())
     if all(p.name in START_FILES for p in entries):
+        held = _HELD.get(folder.resolve())
         for p in entries:
-            _remove(p)  # the lock file too: its holder (this process) removes nothing after
-        folder.rmdir()
+            if not (held and p.name == LOCK):
+                _remove(p)
+        if held:
+            held[2] = 1  # the lock's release removes the lock file, then the folder
+        else:
+            (folder / LOCK).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _remove(p: Path) -> None:
@@ -355,10 +404,10 @@ def numerics_environment() -> dict[str, Any]:
 
     On CPU: XLA sizes its intra-op thread pool from ``PJRT_NPROC`` (else ``NPROC``, else the
     CPUs the process may run on: its affinity, ``taskset``), and numpy's OpenBLAS, which
-    draws the synthetic data, from ``OPENBLAS_NUM_THREADS`` (else ``OMP_NUM_THREADS``,
-    capped at the affinity); a reduction split over another number of threads rounds
-    differently (docs/real.md, "What the numbers depend on"). ``XLA_FLAGS`` can change the
-    compiled programs. A replay names the ones that differ from its source's.
+    draws the synthetic data, from ``OPENBLAS_NUM_THREADS`` (else ``GOTO_NUM_THREADS``, else
+    ``OMP_NUM_THREADS``, capped at the affinity); a reduction split over another number of
+    threads rounds differently (docs/real.md). ``XLA_FLAGS`` can change the compiled
+    programs. A replay names the ones that differ from its source's.
     """
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -370,7 +419,8 @@ def numerics_environment() -> dict[str, Any]:
 
 
 # The environment variables that set XLA's and OpenBLAS's thread counts (see above).
-_THREAD_VARIABLES = ("PJRT_NPROC", "NPROC", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+_THREAD_VARIABLES = ("PJRT_NPROC", "NPROC", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                     "OMP_NUM_THREADS")
 
 
 def package_version(pkg: str) -> str | None:

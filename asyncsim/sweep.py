@@ -35,19 +35,16 @@ from typing import Any
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._registry import option_defaults
 from asyncsim.config import Scenario
 from asyncsim.drivers.choose import sweep_path
 from asyncsim.drivers.driver import numerics_for
 from asyncsim.drivers.online import run
-from asyncsim.drivers.record import folder_scenario
+from asyncsim.drivers.record import folder_scenario, scenario_changes
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import trace_run
 from asyncsim.drivers.vmapped import hyper_of, replay_vmapped
 from asyncsim.errors import ScenarioError
-from asyncsim.numerics.data import dataset_factory
-from asyncsim.numerics.models import model_factory
 from asyncsim.scenario import load_scenario, point_scenarios
 from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, sweep_edges
 from asyncsim.trace import Trace
@@ -88,10 +85,12 @@ def _run_point(item: Mapping[str, Any], folder: Path, shared_trace, *, progress:
     give the numbers of the point's scenario run alone, bit for bit."""
     scn = item["scenario"]
     monitor = monitor_for(scn)  # the scenario's [measure]: stored with the point
+    extra = {"sweep_path": "exact"}
     if shared_trace is not None:
         return replay(scn, shared_trace, out=folder, force=True, progress=progress,
-                      kind="run", monitor=monitor).summary
-    return run(scn, out=folder, force=True, progress=progress, monitor=monitor).summary
+                      kind="run", monitor=monitor, extra=extra).summary
+    return run(scn, out=folder, force=True, progress=progress, monitor=monitor,
+               extra=extra).summary
 
 
 Executor = Callable[[list[Callable[[], dict[str, Any]]]], list[dict[str, Any]]]
@@ -176,7 +175,9 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
         folder = out / it["point"]
         summary = runs.read_summary(folder) if runs.is_complete(folder) else {}
         row: dict[str, Any] = {"point": it["point"], **it["keys"], "folder": str(folder),
-                               "sweep_path": it["scenario"].run.sweep_path,
+                               # What ran (an API caller's vmap= may override the file).
+                               "sweep_path": summary.get("sweep_path")
+                               or it["scenario"].run.sweep_path,
                                "exact": summary.get("exact") if summary else None,
                                "vmapped": bool(summary.get("vmapped_points")),
                                "replay_path": summary.get("replay_path", ""),
@@ -202,31 +203,9 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
         return False
     try:
         saved = tomllib.loads((folder / "scenario.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False
-    want = tomllib.loads(runs.dump_toml(folder_scenario(scn)[0]))
-    return _with_defaults(saved) == _with_defaults(want)
-
-
-def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
-    """Fill the model's and data set's unstated options with their factories' defaults, so
-    a saved scenario that spells out a default equals one that leaves it out."""
-    for section, lookup in (("model", model_factory), ("data", dataset_factory)):
-        sec = d.get(section)
-        if not isinstance(sec, dict):
-            continue
-        try:
-            factory = lookup(sec.get("name"))
-        except ScenarioError:  # not installed here: compare the options as written
-            continue
-        for name, default in option_defaults(factory).items():
-            if name in sec or (name == "seed" and section == "data") or default is None:
-                continue
-            try:  # through TOML, so a default tuple compares equal to a saved list
-                sec[name] = tomllib.loads(runs.dump_toml({"v": default}))["v"]
-            except (TypeError, tomllib.TOMLDecodeError):
-                continue
-    return d
+    return not scenario_changes(saved, scn)
 
 
 def _hyper_only(todo, scn: Scenario):

@@ -214,6 +214,12 @@ def test_killed_ps_resumes_from_checkpoint(cluster, tmp_path, tiny):
         meta = json.loads(bytes(z["meta"]).decode())
     assert meta["version"] == 10
     before = meta["extra"]["trace"]["grads"]
+    # The checkpoint belongs to its scenario: another one is refused by the driver, in one
+    # line (raised in the PS actor, Ray would wrap it in a remote traceback).
+    edited = tiny(run={"updates": 30, "eval_every": 4, "checkpoint_every": 5})
+    with pytest.raises(runs.RunFolderError,
+                       match=r"scenario.toml changed since the checkpoint \(run.updates\)"):
+        real_run(edited, out=out, cluster=cluster, resume=True)
     s = real_run(scn, out=out, cluster=cluster, resume=True)
     trace = Trace.load(out)
     check_trace(trace, scn)

@@ -284,14 +284,18 @@ def test_a_replay_killed_at_its_summary_write_is_complete(tmp_path, monkeypatch)
 
 
 # ----------------------------------------------------------------------------- standing alone
-def test_a_folder_with_a_relative_input_replays_resumes_and_reruns_after_moving(tmp_path,
-                                                                                 capsys):
+def test_a_folder_with_a_relative_input_replays_resumes_and_reruns_after_moving(
+        tmp_path, capsys, monkeypatch):
     """A scenario's empirical delays (`path = "delays.csv"`, relative, and a `~` path) are
-    copied into the run folder with their hash; replay, resume and a rerun of the folder's
-    scenario.toml work after the folder moved and the original files are gone."""
+    copied into the run folder with their hash; a run killed after a checkpoint resumes,
+    and the finished folder replays and reruns, after the folder moved and the original
+    files are gone, with the numbers of the run that was never stopped."""
+    from asyncsim.api import run
+    from asyncsim.scenario import load_scenario
+
     home = tmp_path / "home"
     _write(home / "push.csv", "s\n0.1\n0.3\n")
-    monkey_home = {"HOME": str(home)}
+    monkeypatch.setenv("HOME", str(home))
     src_dir = tmp_path / "study"
     _write(src_dir / "delays.csv", "seconds\n0.5\n1.0\n2.5\n")
     text = TINY.replace("[cluster]\nlearners = 3", textwrap.dedent("""\
@@ -303,10 +307,11 @@ def test_a_folder_with_a_relative_input_replays_resumes_and_reruns_after_moving(
         path = "~/push.csv" } }
         """)).replace("eval_every = 10", "eval_every = 10\ncheckpoint_every = 10")
     path = _write(src_dir / "s.toml", text)
+    full = tmp_path / "full"
+    assert main(["run", str(path), "--out", str(full), "--quiet", "--no-figure"]) == 0
     out = tmp_path / "run"
-    r = _cli("run", str(path), "--out", str(out), "--quiet", "--no-figure",
-             env={**os.environ, **monkey_home})
-    assert r.returncode == 0, r.stderr
+    with pytest.raises(_Killed):
+        run(load_scenario(path), out=out, monitor=_DieAt(25))
     saved = tomllib.loads((out / "scenario.toml").read_text())
     name = saved["cluster"]["compute"]["path"]
     assert name.startswith("inputs/") and name.endswith("-delays.csv")
@@ -315,20 +320,22 @@ def test_a_folder_with_a_relative_input_replays_resumes_and_reruns_after_moving(
     assert set(prov) == {"cluster.compute.path", "cluster.network.push.latency.base.path"}
     base = saved["cluster"]["network"]["push"]["latency"]["base"]["path"]
     assert base.startswith("inputs/") and (out / base).read_text() == "s\n0.1\n0.3\n"
-    # Move the folder; the original files are gone.
+    # Move the killed folder; the original files are gone.
     moved = tmp_path / "elsewhere" / "run"
     moved.parent.mkdir()
     shutil.move(out, moved)
     shutil.rmtree(src_dir)
     shutil.rmtree(home)
+    assert (moved / "checkpoint.npz").exists()
+    assert main(["run", "--resume", str(moved), "--quiet", "--no-figure"]) == 0
+    assert _summary(moved)["param_hash"] == _summary(full)["param_hash"]
+    assert sorted(p.name for p in (moved / "inputs").iterdir()) == sorted(
+        Path(v["file"]).name for v in prov.values())  # read again, not copied again
     assert main(["replay", str(moved), "--quiet"]) == 0
     assert _summary(moved / "replay")["matches_source"] is True
     assert main(["run", str(moved / "scenario.toml"), "--out", str(tmp_path / "again"),
                  "--quiet", "--no-figure"]) == 0
-    assert _summary(tmp_path / "again")["param_hash"] == _summary(moved)["param_hash"]
-    (moved / "summary.json").unlink()  # resumable from the moved place too
-    assert main(["run", "--resume", str(moved), "--quiet", "--no-figure"]) == 0
-    assert _summary(moved)["param_hash"] == _summary(tmp_path / "again")["param_hash"]
+    assert _summary(tmp_path / "again")["param_hash"] == _summary(full)["param_hash"]
     capsys.readouterr()
 
 
@@ -393,4 +400,36 @@ def test_provenance_records_what_the_last_bits_depend_on(tmp_path):
     s = _summary(tmp_path / "rep")
     assert s["environment_changes"] == [f"cpu_affinity: {prov['cpu_affinity']!r} -> 1"]
     if not s["matches_source"]:
-        assert "cpu_affinity: 2 -> 1" in r.stdout.splitlines()[-1]
+        assert f"cpu_affinity: {prov['cpu_affinity']!r} -> 1" in r.stdout.splitlines()[-1]
+
+
+def test_force_never_pulls_a_folder_from_under_its_writer(tmp_path, capsys):
+    """`--force` on a folder holding another writer's folder (a replay writing RUN/replay)
+    is refused in one line instead of deleting it mid-write."""
+    path = _write(tmp_path / "s.toml", TINY)
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-figure"]) == 0
+    with runs.locked(out / "replay"):  # held as a replay's driver holds it
+        assert main(["run", str(path), "--out", str(out), "--quiet", "--no-figure",
+                     "--force"]) == 2
+        err = _one_line_error(capsys)
+        assert f"--force would remove {out / 'replay'}, which another asyncsim process" in err
+    assert (out / "summary.json").exists()
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-figure",
+                 "--force"]) == 0
+
+
+def test_resume_takes_nothing_but_the_folder_and_a_bad_out_is_one_line(tmp_path, capsys):
+    """`run --resume DIR` continues the folder's own scenario: --set, --seed or a scenario
+    file with it would be ignored, so they are refused; an --out that cannot be a folder
+    (an existing file) is one line, not a traceback."""
+    path = _write(tmp_path / "s.toml", TINY)
+    out = tmp_path / "run"
+    out.mkdir()
+    for extra in (["--set", "seed=3"], ["--seed", "3"], [str(path)]):
+        assert main(["run", "--resume", str(out), *extra, "--quiet"]) == 2
+        assert "--resume: continues the folder's own scenario.toml" in _one_line_error(capsys)
+    afile = _write(tmp_path / "taken", "not a folder")
+    assert main(["run", str(path), "--out", str(afile), "--quiet"]) == 2
+    assert f"{afile}: cannot be a run folder" in _one_line_error(capsys)
+    assert afile.read_text() == "not a folder"

@@ -7,12 +7,27 @@ imports inside the commands.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 from asyncsim import runs
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
+
+
+def refuse_with_resume(args) -> None:
+    """``--resume DIR`` continues the folder's own scenario.toml: a scenario file, ``--set``,
+    ``--seed``, ``--profile`` or ``--out`` would be silently ignored, so they are refused."""
+    given = [flag for flag, on in (("a scenario file", getattr(args, "scenario", None)),
+                                   ("--set", getattr(args, "overrides", None)),
+                                   ("--seed", getattr(args, "seed", None) is not None),
+                                   ("--profile", getattr(args, "profile", None)),
+                                   ("--out", getattr(args, "out", None))) if on]
+    if given:
+        raise ScenarioError("--resume", f"continues the folder's own scenario.toml; "
+                            f"{', '.join(given)} cannot be given with it (a resume refuses a "
+                            "changed scenario: start a new run instead)", file="asyncsim")
 
 
 def load_args(args):
@@ -57,6 +72,7 @@ def cmd_run(args) -> int:
     from asyncsim.figures import check_figure, draw_figure
 
     if args.resume:
+        refuse_with_resume(args)
         out = runs.resume_folder(args.resume)
         scn = load_scenario(out / "scenario.toml")
     else:
@@ -79,9 +95,11 @@ def cmd_run(args) -> int:
     fig = scn.figure.get("name")
     if fig and not args.no_figure:
         default = args.profile in (None, "default") and not args.out and not args.resume
-        for path in draw_figure(fig, out, "figures" if default else out):
-            if not args.quiet:
-                print(f"figure: {path}")
+        # Drawn into the run folder unless it is the default figure: under its lock.
+        with runs.locked(out) if not default else contextlib.nullcontext():
+            for path in draw_figure(fig, out, "figures" if default else out):
+                if not args.quiet:
+                    print(f"figure: {path}")
     return 0
 
 
@@ -115,7 +133,7 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     if set_by_user:
         return line + " (--set changed the numerics)"
     if summary.get("environment_changes"):
-        # What the last bits depend on differs (docs/real.md, "What the numbers depend on").
+        # What the last bits depend on differs (docs/real.md: the thread counts).
         return line + (" (this machine differs from the source run's in what the last bits "
                        f"depend on: {'; '.join(summary['environment_changes'])})")
     if summary.get("replay_path") == "scan":
@@ -155,7 +173,8 @@ def _sweep(args, scn, *, trace_only: bool) -> int:
     fig = scn.figure.get("name")
     if fig and not getattr(args, "no_figure", False):
         default = args.profile in (None, "default") and not args.out
-        for path in draw_figure(fig, out, "figures" if default else out / "figures"):
-            print(f"figure: {path}")
+        with runs.locked(out):  # drawn from (and maybe into) the sweep folder: one writer
+            for path in draw_figure(fig, out, "figures" if default else out / "figures"):
+                print(f"figure: {path}")
     return 0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from asyncsim import runs
 from asyncsim.calibrate import calibrate, compare
-from asyncsim.cli.commands import load_args, print_summary
+from asyncsim.cli.commands import load_args, print_summary, refuse_with_resume
 from asyncsim.drivers.real import RealRunError, real_run
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
@@ -17,6 +17,7 @@ from asyncsim.scenario import load_scenario
 def cmd_real(args) -> int:
     """``asyncsim real SCENARIO [--address ADDR] [--out DIR] [--set K=V] | --resume DIR``."""
     if args.resume:
+        refuse_with_resume(args)
         out = runs.resume_folder(args.resume, driver="real")
         scn = load_scenario(out / "scenario.toml")
     else:

@@ -225,20 +225,44 @@ def load_checkpoint(folder: Path, template_state: CoreState, template_params):
     return meta["version"], state, versions, rec, meta["extra"]
 
 
-def resume_from(folder: Path, scn: Scenario, num: Numerics):
-    """The checkpoint ``folder`` resumes from (:func:`load_checkpoint`'s tuple), once it is
-    known to belong to ``scn``, the folder's scenario.toml as it is now (a one-line
-    :class:`~asyncsim.runs.RunFolderError` naming the changed keys otherwise, or when the
-    checkpoint cannot be read)."""
+def checkpoint_meta(folder: Path) -> dict[str, Any]:
+    """The metadata of ``folder``'s checkpoint (its version, what it was saved with); a
+    checkpoint that cannot be read is a one-line :class:`~asyncsim.runs.RunFolderError`."""
     try:
         with np.load(folder / CKPT) as z:
             meta = json.loads(bytes(z["meta"]).decode())
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise runs.RunFolderError(f"{folder / CKPT}: cannot be read ({type(e).__name__}: "
-                                  f"{e}); pass --force to start over") from None
-    check_resume(folder, meta.get("extra", {}).get("scenario"), scn)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise _damaged(folder, e) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("extra", {}), dict):
+        raise runs.RunFolderError(f"{folder / CKPT}: damaged (its metadata is not a table); "
+                                  "pass --force to start over")
+    return meta
+
+
+def check_checkpoint(folder: Path, scn: Scenario) -> None:
+    """Refuse, in one line, a checkpoint that does not belong to ``scn`` (the folder's
+    scenario.toml as it is now): :func:`asyncsim.drivers.record.check_resume`."""
+    check_resume(folder, checkpoint_meta(folder).get("extra", {}).get("scenario"), scn)
+
+
+def resume_from(folder: Path, scn: Scenario, num: Numerics, *, check: bool = True):
+    """The checkpoint ``folder`` resumes from (:func:`load_checkpoint`'s tuple), once it is
+    known to belong to ``scn`` (:func:`check_checkpoint`; ``check=False``: the caller has
+    checked it). A damaged checkpoint is a one-line
+    :class:`~asyncsim.runs.RunFolderError`."""
+    if check:
+        check_checkpoint(folder, scn)
     template = num.init_state()
-    return load_checkpoint(folder, template, template.params)
+    try:
+        return load_checkpoint(folder, template, template.params)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+        raise _damaged(folder, e) from None
+
+
+def _damaged(folder: Path, e: BaseException) -> runs.RunFolderError:
+    why = " ".join(str(e).split()) or type(e).__name__
+    return runs.RunFolderError(f"{folder / CKPT}: cannot be read ({type(e).__name__}: {why}); "
+                               "pass --force to start over")
 
 
 class Driver:

@@ -13,7 +13,9 @@ the one an uninterrupted run gives.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from asyncsim import runs
 from asyncsim.config import Scenario
@@ -34,21 +36,24 @@ from asyncsim.timing.cluster import Simulation, run_length
 def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
         force: bool = False, progress: bool = False, profile: str | None = None,
         grouping: str = "auto", numerics: Numerics | None = None,
-        monitor: Monitor | None = None) -> RunResult:
+        monitor: Monitor | None = None, extra: Mapping[str, Any] | None = None) -> RunResult:
     """Simulate ``scn`` with real gradients (the online driver) and, with ``out``, write it.
 
     ``monitor``: what the run measures along the way (:class:`~asyncsim.drivers.driver.Monitor`;
-    :func:`asyncsim.api.run` passes the one of the scenario's ``[measure]`` table).
+    :func:`asyncsim.api.run` passes the one of the scenario's ``[measure]`` table);
+    ``extra``: more ``summary.json`` fields (a sweep point's ``sweep_path``).
 
     Returns:
         A :class:`RunResult`; ``summary`` has the trace figures plus ``final_test_error``,
         ``diverged``, ``diverged_at``, ``param_hash``, ``wall_time``.
     """
     with runs.opened(out, resume=resume, force=force) as folder:
-        return _run(scn, folder, resume, progress, profile, grouping, numerics, monitor)
+        return _run(scn, folder, resume, progress, profile, grouping, numerics, monitor,
+                    extra)
 
 
-def _run(scn, folder, resume, progress, profile, grouping, numerics, monitor) -> RunResult:
+def _run(scn, folder, resume, progress, profile, grouping, numerics, monitor,
+         extra) -> RunResult:
     """:func:`run` once its folder is prepared (and locked)."""
     t0 = time.perf_counter()
     num = numerics or numerics_for(scn, grouping=grouping)
@@ -69,6 +74,6 @@ def _run(scn, folder, resume, progress, profile, grouping, numerics, monitor) ->
         trace = sim.run(**limits)
     finally:
         driver.close_progress()
-    return driver.finish(trace, t0)
+    return driver.finish(trace, t0, extra=extra)
 
 

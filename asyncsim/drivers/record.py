@@ -23,13 +23,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from asyncsim import runs
 from asyncsim._io import atomic, dump_toml
-from asyncsim._registry import path_options
-from asyncsim.config import Scenario, changed_keys, to_dict
+from asyncsim._registry import option_defaults, path_options
+from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
@@ -58,7 +60,7 @@ def folder_scenario(scn: Scenario, folder: Path | None = None
                 key = f"{at}.{'.'.join(sub)}"
                 src = _resolve(value, base)
                 digest = _sha256(src, key)
-                name = f"{runs.INPUTS}/{digest[:12]}-{src.name}"
+                name = f"{runs.INPUTS}/{digest[:12]}-{_original_name(src, digest)}"
                 if folder is not None:
                     _copy(src, folder / name, digest)
                 _set(one, sub, name)
@@ -92,6 +94,49 @@ def start_folder(folder: Path | None, scn: Scenario, **provenance: Any) -> dict[
     return d
 
 
+def scenario_changes(saved: Mapping[str, Any], scn: Scenario) -> list[str]:
+    """The dotted keys where a folder's recorded scenario (``saved``: its scenario.toml or a
+    checkpoint's record, as parsed) differs from what ``scn`` would record now, the one
+    comparison of "is this the same run" (resume, a sweep point's folder). Both sides go
+    through JSON (tuples as lists); a model or data option the record leaves out equals the
+    factory's default; a key the record lacks equals the config's default (a field added in
+    a later asyncsim does not make an old folder "changed"). What changes no number (the
+    ``[figure]`` table, ``description``) is not compared."""
+    now = _with_option_defaults(_plain(folder_scenario(scn)[0]))
+    then = _with_option_defaults(_plain(dict(saved)))
+    for d in (now, then):
+        d.pop("figure", None)
+        d.pop("description", None)
+    defaults = flatten(_plain(to_dict(Scenario())))
+    flat_then, flat_now = flatten(then), flatten(now)
+    return [k for k in changed_keys(then, now)
+            if not (k not in flat_then and flat_now.get(k) == defaults.get(k, _NONE))]
+
+
+_NONE = object()
+
+
+def _with_option_defaults(d: dict[str, Any]) -> dict[str, Any]:
+    """Fill the model's and data set's unstated options with their factories' defaults, so
+    a record that spells out a default equals one that leaves it out."""
+    for section, lookup in (("model", model_factory), ("data", dataset_factory)):
+        sec = d.get(section)
+        if not isinstance(sec, dict):
+            continue
+        try:
+            factory = lookup(sec.get("name"))
+        except ScenarioError:  # not installed here: compare the options as written
+            continue
+        for name, default in option_defaults(factory).items():
+            if name in sec or (name == "seed" and section == "data") or default is None:
+                continue
+            try:  # as a record holds it: a default tuple compares equal to a saved list
+                sec[name] = _plain({"v": tomllib.loads(dump_toml({"v": default}))["v"]})["v"]
+            except (TypeError, ValueError, tomllib.TOMLDecodeError):
+                continue
+    return d
+
+
 def check_resume(folder: Path, saved: dict[str, Any] | None, scn: Scenario) -> None:
     """Refuse, in one line naming the keys, to resume ``folder`` when its ``scenario.toml``
     (loaded as ``scn``) no longer resolves to the scenario its checkpoint belongs to
@@ -101,8 +146,7 @@ def check_resume(folder: Path, saved: dict[str, Any] | None, scn: Scenario) -> N
                                   "belongs to (written by an older asyncsim), so it cannot "
                                   "be checked against scenario.toml: pass --force to start "
                                   "over")
-    now, _ = folder_scenario(scn)
-    changed = changed_keys(_plain(saved), _plain(now))
+    changed = scenario_changes(saved, scn)
     if changed:
         shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6
                                          else "")
@@ -111,9 +155,19 @@ def check_resume(folder: Path, saved: dict[str, Any] | None, scn: Scenario) -> N
                                   "was: restore it, or pass --force to start over")
 
 
-def _plain(d: dict[str, Any]) -> dict[str, Any]:
+def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
     """Through JSON, as a checkpoint stores it (tuples as lists)."""
     return json.loads(json.dumps(d))
+
+
+def _original_name(src: Path, digest: str) -> str:
+    """The file name a copy was made from: a run folder's own copy
+    (``inputs/<digest[:12]>-delays.csv``, read again on resume or replay) keeps its name,
+    so it is not copied a second time under a longer one."""
+    name = src.name
+    if src.parent.name == runs.INPUTS and name[:13] == f"{digest[:12]}-":
+        return name[13:]
+    return name
 
 
 def _get(d: Any, where: tuple[str, ...]) -> Any:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import os
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -226,6 +225,8 @@ class PSImpl:
         scn: the scenario. folder: the run folder (must be visible to this process).
         learners: the learner actor handles, index = learner id.
         resume: restart from ``folder/checkpoint.npz`` when it exists.
+        record: the scenario as the folder records it (:mod:`asyncsim.drivers.record`,
+            computed by the driver), kept in every checkpoint.
         faults: fault injection for tests and demos: ``{"kill_learner": [id, version]}``
             (the learner's process exits inside the first gradient it computes from a pull
             at that version or later, before returning it; Ray restarts the actor) and
@@ -234,7 +235,8 @@ class PSImpl:
     """
 
     def __init__(self, scn: Scenario, folder: str | None, learners: list, jobs: list, *,
-                 resume: bool = False, faults: dict | None = None):
+                 resume: bool = False, faults: dict | None = None,
+                 record: dict[str, Any] | None = None):
         self.scn = scn
         self.folder = Path(folder) if folder else None
         self.learners = learners
@@ -249,7 +251,9 @@ class PSImpl:
         self.t_offset = 0.0
         start = None
         if resume and self.folder is not None and (self.folder / CKPT).exists():
-            start = resume_from(self.folder, scn, num)
+            # real_run checked it against the folder's scenario (there, its refusal is one
+            # line; raised here, Ray would wrap it in a traceback).
+            start = resume_from(self.folder, scn, num, check=False)
             extra = start[4]
             for k in _GCOLS:
                 self.g[k] = list(extra["trace"]["grads"][k])
@@ -259,9 +263,6 @@ class PSImpl:
             self.resumes = list(extra.get("resumes", []))
             self.t_offset = float(self.u["time"][-1]) if self.u["time"] else 0.0
             self.resumes.append({"version": int(start[0]), "t": self.t_offset})
-        # The scenario as the folder records it (the driver wrote it), kept in checkpoints.
-        record = (tomllib.loads((self.folder / "scenario.toml").read_text())
-                  if self.folder is not None else None)
         self.driver = _RealDriver(scn, num, folder=self.folder, start=start, versions=False,
                                   record=record)
         self.driver.ps = self
@@ -559,9 +560,11 @@ class PSHost:
     def __init__(self):
         self.ps: PSImpl | None = None
 
-    def run(self, scn, folder, learners, jobs, resume, faults, limits, info, plugins=None):
+    def run(self, scn, folder, learners, jobs, resume, faults, limits, info, plugins=None,
+            record=None):
         install_plugins(plugins)  # the driver's Python-registered plug-ins
-        self.ps = PSImpl(scn, folder, learners, jobs, resume=resume, faults=faults)
+        self.ps = PSImpl(scn, folder, learners, jobs, resume=resume, faults=faults,
+                         record=record)
         try:
             return self.ps.run(limits, info)
         finally:

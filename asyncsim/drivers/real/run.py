@@ -15,7 +15,9 @@ from typing import Any
 import ray  # the real driver is Ray's: this package is imported only for real runs
 
 from asyncsim import runs
+from asyncsim._io import WriteError
 from asyncsim.config import Scenario
+from asyncsim.drivers.driver import CKPT, check_checkpoint
 from asyncsim.drivers.plugins import install_plugins, pack_plugins
 from asyncsim.drivers.real import watchdog
 from asyncsim.drivers.real.actors import (
@@ -24,9 +26,10 @@ from asyncsim.drivers.real.actors import (
     RealRunError,
     thread_counts,
 )
-from asyncsim.drivers.record import start_folder
+from asyncsim.drivers.record import folder_scenario, start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import train_size
+from asyncsim.runs import RunFolderError
 from asyncsim.timing.cluster import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 
@@ -262,14 +265,20 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
     # The driver holds the folder's lock for the run; the PS actor writes into it.
     with runs.opened(out, resume=resume, force=force) as folder:
         folder = folder.resolve() if folder is not None else None
-        if folder is not None and not (resume and (folder / "scenario.toml").exists()):
-            start_folder(folder, scn, profile=profile, driver="real", ray_address=address)
+        record = None
+        if folder is not None and resume and (folder / CKPT).exists():
+            # Checked here, not in the PS actor: there Ray would wrap the one-line refusal.
+            check_checkpoint(folder, scn)
+            record = folder_scenario(scn)[0]
+        elif folder is not None:  # a new run, or a resume with nothing checkpointed yet
+            record = start_folder(folder, scn, profile=profile, driver="real",
+                                  ray_address=address)
         return _real_run(scn, folder, resume, address, emulate_compute, threads,
-                         learner_cpus, faults, cluster)
+                         learner_cpus, faults, cluster, record)
 
 
 def _real_run(scn, folder, resume, address, emulate_compute, threads, learner_cpus, faults,
-              cluster) -> dict[str, Any]:
+              cluster, record) -> dict[str, Any]:
     """:func:`real_run` once its folder is prepared (and locked)."""
     t_start = time.perf_counter()
     own = cluster is None
@@ -302,10 +311,16 @@ def _real_run(scn, folder, resume, address, emulate_compute, threads, learner_cp
                                          resume, faults, run_length(scn, n_train=n_train),
                                          {"startup_s": startup, "threads": cluster.threads,
                                           "blas_threads": cluster.counts["blas"]},
-                                         plugins))
+                                         plugins, record))
         except ray.exceptions.RayActorError as e:
             raise RealRunError(f"the PS died ({type(e).__name__}); continue with "
                                f"asyncsim real --resume {folder}") from e
+        except ray.exceptions.RayTaskError as e:
+            # What the PS refused in one line (a damaged checkpoint, a full disk, a bad
+            # draw) stays one line here, not Ray's remote traceback.
+            if isinstance(e.cause, RunFolderError | WriteError | ScenarioError):
+                raise e.cause from None
+            raise
         return out_["summary"]
     finally:
         if own:
