@@ -48,6 +48,10 @@ def _step(kind, w, m, tau, x, beta):
         return w[-1] - x * w[-1 - tau], m
     if kind == "shifted":
         return w[-1] - x * w[-1 - tau] + beta * (w[-1 - tau] - w[-2 - tau]), m
+    if kind == "nesterov":  # the core's: m <- beta m + d; w <- w - (d + beta m)
+        g = x * w[-1 - tau]
+        m = beta * m + g
+        return w[-1] - (g + beta * m), m
     g = x * w[-1 - tau] * ((1 - beta) if kind == "dampened" else 1.0)
     m = beta * m + g
     return w[-1] - m, m
@@ -63,6 +67,8 @@ def test_char_poly_matches_recurrence(kind, tau):
             continue  # the spurious z = 0 root of the momentum polynomials
         w = [z**t for t in range(tau + 2)]
         m = w[-2] - w[-1]  # momentum consistent with w_{t+1} = w_t − m_{t+1}
+        if kind == "nesterov":  # m_t = c z^t with c z = β c + x z^{−τ}
+            m = x * w[-1 - tau] / (z - beta)
         for _ in range(5):
             nxt, m = _step(kind, w, m, tau, x, beta)
             assert abs(nxt - z * w[-1]) < 1e-9 * abs(z * w[-1])
@@ -152,7 +158,7 @@ def test_lr_for_delay():
 
 def test_invalid_inputs():
     with pytest.raises(ValueError):
-        edge(3, "nesterov")
+        edge(3, "bogus")
     with pytest.raises(ValueError):
         edge(3, "heavy-ball", 1.0)
     with pytest.raises(ValueError):
@@ -164,6 +170,29 @@ def test_table_columns_and_values():
     # (its speed, 257 taus x 3 kinds x 10 betas, is benchmarks/bench_edges.py's first row)
     df = edge_table([0, 1, 4, 32], betas=(0.0, 0.9))
     assert list(df.columns) == ["tau", "momentum", "beta", "edge", "effective_edge", "asymptote"]
-    assert len(df) == 4 + 3 * 4 * 2
+    assert len(df) == 4 + 4 * 4 * 2  # none once; heavy-ball, dampened, shifted, nesterov
     row = df[(df.tau == 32) & (df.momentum == "shifted") & (df.beta == 0.9)].iloc[0]
     assert row.effective_edge == pytest.approx(0.0614, abs=5e-5)
+
+
+@given(beta=betas)
+def test_nesterov_edges(beta):
+    """Nesterov (the core's form): at τ = 0 the classic quadratic's edge 1 + 1/(1 + 2β) (the
+    root leaves through z = −1); its effective edge is edge/(1 − β); at large τ it tends
+    to heavy ball's (1 − β)π/(2τ), like heavy ball (0.97 of it at β = 0.9, τ = 256)."""
+    assert edge(0, "nesterov", beta) == pytest.approx(1 + 1 / (1 + 2 * beta), rel=1e-9)
+    assert effective_edge(5, "nesterov", beta) == pytest.approx(
+        edge(5, "nesterov", beta) / (1 - beta), rel=1e-12)
+    assert edge(0, "nesterov", 0.0) == pytest.approx(2.0, rel=1e-12)  # β = 0: plain SGD
+    assert edge(7, "nesterov", 0.0) == pytest.approx(edge(7, "none"), rel=1e-9)
+
+
+def test_nesterov_large_tau_and_asymptote_at_zero():
+    ratio = edge(256, "nesterov", 0.9) / asymptote(256, "nesterov", 0.9)
+    assert 0.95 < ratio < 1.0
+    # A large-τ form says nothing at τ = 0: NaN for every momentum kind (not inf for heavy
+    # ball and a finite, unrelated number for shifted); plain SGD keeps π/(2τ + 1).
+    for kind in MOMENTUM_KINDS:
+        if kind != "none":
+            assert np.isnan(asymptote(0, kind, 0.9))
+    assert asymptote(0, "none") == pytest.approx(np.pi)

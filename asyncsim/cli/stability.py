@@ -9,6 +9,7 @@ shared update core, a vmapped grid of learning rates) and the relative error is 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,14 @@ import pandas as pd
 
 from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.stability.closed_form import MOMENTUM_KINDS, asymptote, edge_table
+
+# What the columns are (printed under the table).
+LEGEND = ("closed_form: the largest stable eta*lambda at constant delay tau (P2); "
+          "effective_edge: the same on the effective rate eta/(1-beta) of heavy-ball, shifted "
+          "and nesterov momentum, the scale P2 compares kinds on; asymptote: the large-tau "
+          "form of closed_form (pi/(2tau+1) plain, (1-beta)pi/(2tau) heavy-ball and nesterov, "
+          "pi/(2tau) dampened, sqrt(1-beta^2)arccos(beta)/(tau+1) shifted), not defined "
+          "(NaN) at tau = 0 for momentum")
 
 
 def _check(args) -> None:
@@ -86,6 +95,7 @@ def stability_command(args) -> int:
         cols += ["measured", "rel_error"]
     with pd.option_context("display.width", 120, "display.max_rows", 10_000):
         print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    print(textwrap.fill(LEGEND, width=100))
     if args.figure:
         print(f"figure: {draw_edges(table, args.figure)}")
     return 0

@@ -30,7 +30,16 @@ Derivations (one line each):
 
       (z − 1)(z^{τ+1} − β) + x z = 0                                (P2, shifted)
 
-All four agree with docs/papers.md. The extra root ``z = 0`` of the momentum polynomials (for
+* ``"nesterov"`` — the core's (PyTorch's) form ``m_{t+1} = β m_t + d_t``,
+  ``w_{t+1} = w_t − η (d_t + β m_{t+1})`` with ``d_t = λ w_{t−τ}``. With the shift ``z``,
+  ``m = d/(z − β)`` and ``(z − 1) w = −η d (1 + βz/(z − β))``, so::
+
+      z^τ (z − 1)(z − β) + x ((1 + β) z − β) = 0                    (Nesterov; at τ = 0 the
+                                                                      classic quadratic)
+
+  Not in P2; its edge is found numerically on the unit circle (:func:`_nesterov_edge`).
+
+The first four agree with docs/papers.md. The extra root ``z = 0`` of the momentum polynomials (for
 τ ≥ 1) is harmless. At τ = 0 shifted momentum *is* heavy ball; at β = 0 every kind is plain.
 
 Edge. For ``0 ≤ |β| < 1`` and small ``x > 0`` every root is inside the unit disk (the root at
@@ -70,8 +79,11 @@ __all__ = [
     "spectral_radius",
 ]
 
-# The core's momentum kinds with a closed-form edge here (nesterov has none yet).
-MOMENTUM_KINDS = tuple(k for k in CORE_MOMENTUM_KINDS if k != "nesterov")
+# The core's momentum kinds: every one has an edge here.
+MOMENTUM_KINDS = tuple(CORE_MOMENTUM_KINDS)
+# Unit-circle samples per unit of τ + 1 when the edge is found by scanning (nesterov): the
+# phase of x(θ) turns about (τ + 1)·θ, so this keeps ~100 samples per turn.
+_SCAN_PER_TAU = 600
 
 # Bisection halves a bracket of width π; 60 halvings reach the spacing of doubles near π.
 _BISECTION_STEPS = 60
@@ -126,6 +138,10 @@ def char_poly(tau: int, x: float, momentum: str = "none", beta: float = 0.0) -> 
         x *= 1.0 - beta
     c = np.zeros(tau + 3)
     c[:3] = (1.0, -(1.0 + beta), beta)  # (z − 1)(z − β), then τ zero coefficients
+    if momentum == "nesterov":
+        c[-2] += x * (1.0 + beta)
+        c[-1] -= x * beta
+        return c
     c[-2] += x
     return c
 
@@ -212,6 +228,37 @@ def _crossing_edge(tau: np.ndarray, beta: np.ndarray, shifted: bool) -> np.ndarr
         k += 1
 
 
+def _nesterov_x(theta, tau, beta):
+    """``x`` that puts a root of the Nesterov polynomial at ``z = e^{iθ}``."""
+    z = np.exp(1j * theta)
+    return -z**tau * (z - 1.0) * (z - beta) / ((1.0 + beta) * z - beta)
+
+
+def _nesterov_edge(tau: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """Smallest positive real ``x(θ)`` over ``θ ∈ (0, π]`` (1-D arrays in, same out).
+
+    ``x(θ)`` is real where its imaginary part changes sign on a grid of
+    ``_SCAN_PER_TAU·(τ+1)`` angles (and at ``θ = π``, where it is real); each sign change is
+    bisected to machine precision. Checked against the spectral radius of
+    :func:`char_poly` just below and above the edge (tests/test_stability.py).
+    """
+    out = np.empty(tau.shape)
+    for i, (t, b) in enumerate(zip(tau, beta, strict=True)):
+        theta = np.linspace(0.0, np.pi, int(_SCAN_PER_TAU * (t + 1)) + 1)[1:]
+        im = _nesterov_x(theta, t, b).imag
+        j = np.flatnonzero(np.sign(im[:-1]) != np.sign(im[1:]))
+        lo, hi, sign = theta[j], theta[j + 1], np.sign(im[j])
+        for _ in range(_BISECTION_STEPS):  # every sign change at once
+            mid = 0.5 * (lo + hi)
+            same = np.sign(_nesterov_x(mid, t, b).imag) == sign
+            lo, hi = np.where(same, mid, lo), np.where(same, hi, mid)
+        cand = np.append(_nesterov_x(0.5 * (lo + hi), t, b).real,
+                         _nesterov_x(np.pi, t, b).real)
+        pos = cand[cand > 0]
+        out[i] = pos.min() if pos.size else np.inf
+    return out
+
+
 def edge(tau, momentum: str = "none", beta=0.0):
     """Largest stable ``η·λ`` at constant delay τ: sup of ``x`` with spectral radius < 1 on (0, x).
 
@@ -224,7 +271,8 @@ def edge(tau, momentum: str = "none", beta=0.0):
         The edge in units of the raw rate ``η`` times λ (float for scalar inputs, else an array
         of the broadcast shape). ``"none"``: ``2 sin(π/(4τ+2))`` (P2). ``"heavy-ball"`` and
         ``"shifted"``: smallest unit-circle crossing (module docstring), exact to ~1e-13
-        relative. ``"dampened"``: heavy-ball edge ``/(1 − β)``.
+        relative. ``"dampened"``: heavy-ball edge ``/(1 − β)``. ``"nesterov"``: the same
+        crossing, found by scanning the circle (:func:`_nesterov_edge`).
     """
     _check_kind(momentum)
     tau_b, beta_b = np.broadcast_arrays(np.asarray(tau, dtype=float),
@@ -232,6 +280,8 @@ def edge(tau, momentum: str = "none", beta=0.0):
     _check_tau_beta(tau_b, beta_b)
     if momentum == "none":
         out = 2.0 * np.sin(np.pi / (4.0 * tau_b + 2.0))
+    elif momentum == "nesterov":
+        out = _nesterov_edge(tau_b.ravel(), beta_b.ravel()).reshape(tau_b.shape)
     else:
         flat_t, flat_b = tau_b.ravel(), beta_b.ravel()
         out = _crossing_edge(flat_t, flat_b, shifted=momentum == "shifted")
@@ -241,16 +291,21 @@ def edge(tau, momentum: str = "none", beta=0.0):
     return float(out) if out.ndim == 0 else out
 
 
+# The kinds whose steady-state step per unit gradient is η/(1 − β).
+_EFFECTIVE_SCALED = ("heavy-ball", "shifted", "nesterov")
+
+
 def effective_edge(tau, momentum: str = "none", beta=0.0):
     """Edge on the *effective* rate: the steady-state step per unit gradient.
 
-    Heavy ball and shifted momentum move ``η/(1 − β)`` per unit of a constant gradient, so
-    their effective edge is ``edge/(1 − β)``. Dampened momentum moves ``η``: its ``edge`` is
-    already effective (and equals the heavy-ball effective edge). Plain SGD: ``edge``.
+    Heavy ball, shifted and Nesterov momentum move ``η/(1 − β)`` per unit of a constant
+    gradient, so their effective edge is ``edge/(1 − β)``. Dampened momentum moves ``η``:
+    its ``edge`` is already effective (and equals the heavy-ball effective edge). Plain
+    SGD: ``edge``.
     P2 compares momentum kinds at equal effective rate.
     """
     e = edge(tau, momentum, beta)
-    if momentum in ("heavy-ball", "shifted"):
+    if momentum in _EFFECTIVE_SCALED:
         e = e / (1.0 - np.asarray(beta, dtype=float))
     return float(e) if np.ndim(e) == 0 else e
 
@@ -263,20 +318,27 @@ def asymptote(tau, momentum: str = "none", beta=0.0):
     ``τ ≫ β/(1−β)`` (the momentum's memory): edge/asymptote is 0.966 at β = 0.9 and 0.868 at
     β = 0.98 for τ = 256. Keeping the next order, the crossing sits at
     ``θ ≈ (π/2)/(τ + ½ + β/(1−β))`` and the edge is ``≈ θ·√((1−β)² + βθ²)`` (within 1% at
-    β = 0.9, τ = 256). τ = 0 gives ``inf`` for heavy ball and dampened.
+    β = 0.9, τ = 256). ``"nesterov"``: near ``z = 1`` its polynomial is heavy ball's
+    (``(1+β)z − β → 1``), so the same ``(1−β)π/(2τ)``.
+
+    A large-τ form says nothing at τ = 0, where the momentum's memory is everything: there
+    every momentum kind gives NaN (heavy ball's ``1/τ`` would say ``inf``, shifted's
+    ``1/(τ+1)`` a finite number unrelated to the edge). Plain SGD keeps P2's ``π/(2τ+1)``.
     """
     _check_kind(momentum)
     t = np.asarray(tau, dtype=float)
     b = np.asarray(beta, dtype=float)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         if momentum == "none":
             out = np.pi / (2 * t + 1) + 0 * b
-        elif momentum == "heavy-ball":
+        elif momentum in ("heavy-ball", "nesterov"):
             out = (1 - b) * np.pi / (2 * t)
         elif momentum == "dampened":
             out = np.pi / (2 * t) + 0 * b
         else:
             out = np.sqrt(1 - b**2) * np.arccos(b) / (t + 1)
+        if momentum != "none":
+            out = np.where(t == 0, np.nan, out)
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -300,7 +362,7 @@ def edge_table(taus, momenta=MOMENTUM_KINDS, betas=(0.0,)) -> pd.DataFrame:
         bb, tt = np.meshgrid(np.asarray(kind_betas, dtype=float), taus, indexing="ij")
         bb, tt = bb.ravel(), tt.ravel()
         e = np.atleast_1d(edge(tt, kind, bb))
-        eff = e / (1.0 - bb) if kind in ("heavy-ball", "shifted") else e
+        eff = e / (1.0 - bb) if kind in _EFFECTIVE_SCALED else e
         frames.append(pd.DataFrame({
             "tau": tt.astype(int),
             "momentum": kind,

@@ -192,7 +192,7 @@ def sweep_edges(out: Path, points: Sequence[Mapping[str, Any]]) -> Path:
                                        [t for _, _, t in members])
             for (point, scn, trace), x in zip(members, measured, strict=True):
                 tau = int(scn.protocol.tau)
-                closed = (float(edge(tau, kind, beta)) if kind != "nesterov" else math.nan)
+                closed = float(edge(tau, kind, beta))
                 rows.append({"point": point, "tau": tau, "schedule": scn.protocol.schedule,
                              "momentum": kind, "beta": beta, "measured": float(x),
                              "closed_form": closed,
