@@ -4,16 +4,17 @@ only; nothing here runs a simulation."""
 
 from __future__ import annotations
 
-import json
+import copy
 import math
 import textwrap
 import tomllib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
+from asyncsim._io import read_csv, read_json, read_npz, read_toml
+from asyncsim.config import drop_unused
 from asyncsim.runs import EDGES_CSV, scenario_toml
 from asyncsim.scenario import load_scenario, point_scenarios
 
@@ -28,7 +29,7 @@ def finished_points(sweep_dir: Path) -> list[Path]:
     """The run folders of a sweep's complete points (``summary.json`` written), in
     ``index.csv`` order; a sweep may still be running. The folder recorded in the index may
     be relative to another working directory: a point's folder is always sweep_dir/point."""
-    index = pd.read_csv(Path(sweep_dir) / "index.csv")
+    index = read_csv(Path(sweep_dir) / "index.csv")
     folders = [Path(sweep_dir) / p for p in index["point"]]
     return [f for f in folders if (f / "summary.json").exists()]
 
@@ -40,7 +41,7 @@ def read_edges(sweep_dir: Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{sweep_dir}: no {EDGES_CSV}; run the sweep (its [measure] "
                                 "edges writes it once every point is complete)")
-    return pd.read_csv(path)
+    return read_csv(path)
 
 
 def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame:
@@ -53,7 +54,7 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
         if not (has_eval or trace_only_ok):
             continue  # a trace-only point (no numerics to draw)
         scn = _read_toml(folder / "scenario.toml")
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = read_json(folder / "summary.json")
         proto = scn.get("protocol", {})
         opt = scn.get("optimizer", {})
         rows.append({
@@ -69,7 +70,7 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
 
 
 def _read_toml(path: Path) -> dict:
-    return tomllib.loads(path.read_text())
+    return read_toml(path)
 
 
 def setup_label(protocol: str, n) -> str:
@@ -84,7 +85,7 @@ def _isnan(x) -> bool:
 
 
 def read_eval(folder: Path) -> pd.DataFrame:
-    return pd.read_csv(Path(folder) / "eval.csv")
+    return read_csv(Path(folder) / "eval.csv")
 
 
 def run_folders(source: Path) -> list[Path]:
@@ -116,8 +117,7 @@ def _num_params(folder: Path) -> int | None:
     f = folder / "params.npz"
     if not f.exists():
         return None
-    with np.load(f) as z:
-        return int(sum(z[k].size for k in z.files))
+    return int(sum(a.size for a in read_npz(f, what="the final parameters").values()))
 
 
 def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str:
@@ -131,7 +131,9 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
         path = REPO / scenario_file
     if not path.exists():
         return f"scenario: {scenario_file} (not found here)"
-    recorded = {f.name: sc for f, sc in zip(folders, scns, strict=True)}
+    # As this asyncsim records them (older folders spell out fixed-delay-only defaults).
+    recorded = {f.name: drop_unused(copy.deepcopy(sc)) for f, sc in zip(folders, scns,
+                                                                           strict=True)}
     for profile in ("default", "smoke", "paper"):
         try:
             planned = point_scenarios(load_scenario(path, profile=profile, validate=False))
@@ -163,8 +165,8 @@ def describe_runs(*sources: Path) -> str:
         if not folders:
             continue
         scns = [_read_toml(f / "scenario.toml") for f in folders]
-        sums = [json.loads((f / "summary.json").read_text()) for f in folders]
-        prov = [json.loads((f / "provenance.json").read_text())
+        sums = [read_json(f / "summary.json") for f in folders]
+        prov = [read_json(f / "provenance.json")
                 if (f / "provenance.json").exists() else {} for f in folders]
         numeric = [i for i, sc in enumerate(scns) if not sc.get("run", {}).get("trace_only")]
         if numeric:

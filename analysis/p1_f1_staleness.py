@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from asyncsim._io import read_toml
 from asyncsim.trace import Trace
 
 from ._common import add_caption, finished_points
@@ -29,7 +29,7 @@ def _label(compute: str) -> str:
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     rows = []
     for folder in finished_points(sweep_dir):
-        s = tomllib.loads((folder / "scenario.toml").read_text())
+        s = read_toml(folder / "scenario.toml")
         trace = Trace.load(folder)
         skip = int(s.get("figure", {}).get("warmup_updates", 100))
         lam = s["cluster"]["learners"]

@@ -8,13 +8,13 @@ constant rate and for P2's rule ``η_τ = η0 sin(π/(4τ+2))``. Diverged runs a
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+
+from asyncsim._io import read_csv, read_json, read_toml
 
 from ._common import finished_points, save
 
@@ -25,13 +25,13 @@ RULES = {"constant": "η = η0 (constant)", "stability-edge": "η_τ = η0 sin(�
 def points(sweep_dir: Path) -> pd.DataFrame:
     rows = []
     for folder in finished_points(sweep_dir):
-        s = json.loads((folder / "summary.json").read_text())
-        scn = tomllib.loads((folder / "scenario.toml").read_text())
+        s = read_json(folder / "summary.json")
+        scn = read_toml(folder / "scenario.toml")
         tau = int(scn["protocol"]["tau"])
         opt = scn.get("optimizer", {})
         rule = opt.get("lr_rule", "constant")
         eta0 = float(opt.get("lr", 0.01))
-        evals = pd.read_csv(folder / "eval.csv") if (folder / "eval.csv").exists() else None
+        evals = read_csv(folder / "eval.csv") if (folder / "eval.csv").exists() else None
         best = float(evals["test_error"].min()) if evals is not None else math.nan
         rows.append({"tau": tau, "lr_rule": rule, "eta0": eta0,
                      "eta": float(s["lr_at_tau"]),  # the rate the run used at delay τ

@@ -16,13 +16,13 @@ trajectory of the runs in ``figure.trajectories``, as they measured it along the
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from asyncsim._io import read_csv, read_toml
 from asyncsim.runs import SHARPNESS_CSV
 from asyncsim.stability.closed_form import asymptote, edge
 
@@ -44,11 +44,11 @@ def measured(sweep_dir: Path) -> pd.DataFrame:
 
 def _figure_cfg(sweep_dir: Path) -> dict:
     """The ``[figure]`` table the sweep ran with (its first point's scenario.toml)."""
-    index = pd.read_csv(Path(sweep_dir) / "index.csv")
+    index = read_csv(Path(sweep_dir) / "index.csv")
     for point in index["point"]:
         f = Path(sweep_dir) / point / "scenario.toml"
         if f.exists():
-            return dict(tomllib.loads(f.read_text()).get("figure", {}))
+            return dict(read_toml(f).get("figure", {}))
     return {}
 
 
@@ -81,7 +81,7 @@ def trajectory(folder: Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no {SHARPNESS_CSV}; its scenario measures no "
                                 "sharpness along the run (measure.sharpness_points)")
-    df = pd.read_csv(path).rename(columns={"lr": "eta"})
+    df = read_csv(path).rename(columns={"lr": "eta"})
     return df[["update", "sharpness", "train_loss", "eta", "tau", "lr_rule", "edge", "bound",
                "eta_lambda"]]
 

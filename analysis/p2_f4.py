@@ -14,15 +14,14 @@ recorded it).
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from asyncsim._io import read_json, read_toml
 from asyncsim.stability.closed_form import edge as closed_edge
 
 from ._common import finished_points, save
@@ -43,8 +42,8 @@ def points(sweep_dir: Path) -> pd.DataFrame:
     edge = 2 sin(π/(4τ+2)), folder."""
     rows = []
     for folder in finished_points(sweep_dir):
-        summary = json.loads((folder / "summary.json").read_text())
-        scn = tomllib.loads((folder / "scenario.toml").read_text())
+        summary = read_json(folder / "summary.json")
+        scn = read_toml(folder / "scenario.toml")
         tau = int(scn["protocol"]["tau"])
         eta0 = float(scn["optimizer"]["lr"])
         eta = float(summary["lr_at_tau"])

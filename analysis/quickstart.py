@@ -5,28 +5,27 @@ Reads one run folder (``eval.csv``, the trace, ``summary.json``); never reruns a
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import pandas as pd
 
+from asyncsim._io import read_csv, read_json, read_toml
 from asyncsim.trace import Trace
 
 from ._common import add_caption
 
 NAME = "quickstart"
+DRAWS = "run"  # one run folder (the figures of sweeps leave this at its default, "sweep")
 
 
 def draw(run_dir: Path, out_dir: Path) -> list[Path]:
-    evals = pd.read_csv(run_dir / "eval.csv")
+    evals = read_csv(run_dir / "eval.csv")
     trace = Trace.load(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    scn = tomllib.loads((run_dir / "scenario.toml").read_text())
+    summary = read_json(run_dir / "summary.json")
+    scn = read_toml(run_dir / "scenario.toml")
     hist = trace.staleness_histogram()
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     a.plot(evals["sim_time"], evals["test_error"], marker="o", ms=3)

@@ -1,9 +1,14 @@
-"""Writing files so that a reader never sees half of one: the one atomic writer.
+"""A run folder's files: the one atomic writer and the one reader.
 
 Every file asyncsim writes into a run folder (the trace's parquet tables, ``summary.json``,
 checkpoints, parameters, metrics) goes through :func:`atomic`: it is written under a
 temporary name in the same folder and renamed into place, which POSIX makes atomic. So a run
 killed at any moment leaves each file either absent, as it was, or complete.
+
+Every such file is read back through :func:`read` (``read_json``, ``read_toml``,
+``read_csv``, ``read_parquet``, ``read_npz``): a file that is missing, empty, truncated or
+garbled (a disk error, a hand edit, a half-copied folder) is a :class:`DamagedFile`, one
+line naming the file, what is wrong and what to do, never a parser's traceback.
 """
 
 from __future__ import annotations
@@ -128,3 +133,100 @@ def dump_toml(d: Mapping[str, Any], _prefix: str = "") -> str:
     for k, v in tables:
         out += ["", dump_toml(v, f"{_prefix}.{_key(k)}" if _prefix else _key(k)).rstrip("\n")]
     return "\n".join(out).strip("\n") + "\n"
+
+
+# ----------------------------------------------------------------------------- reading
+class DamagedFile(ValueError):
+    """A run-folder file that cannot be read as what it should be: one line naming it."""
+
+
+_REDO = "redo the run that wrote it with --force (or resume it, if it is unfinished)"
+
+
+def read(path: str | os.PathLike, kind: str, *, what: str | None = None) -> Any:
+    """Read ``path`` as ``kind`` (``"json"``: a JSON object; ``"toml"``; ``"csv"`` and
+    ``"parquet"``: a DataFrame; ``"npz"``: a dict of arrays, no pickles), or raise a
+    one-line :class:`DamagedFile` (``what``: what the file is, for the message)."""
+    path = Path(path)
+    label = f"{path}" + (f" ({what})" if what else "")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DamagedFile(f"{label}: missing; {_REDO}") from None
+    except OSError as e:
+        raise DamagedFile(f"{label}: cannot be read: {e.strerror or e}") from None
+    if not raw:
+        raise DamagedFile(f"{label}: empty; {_REDO}")
+    try:
+        return _READERS[kind](raw, path)
+    except DamagedFile:
+        raise
+    except Exception as e:  # every parser's own error: the file is not what it should be
+        why = " ".join(str(e).split())[:160] or type(e).__name__
+        raise DamagedFile(f"{label}: damaged ({type(e).__name__}: {why}); {_REDO}") from None
+
+
+def read_json(path, **kw) -> dict[str, Any]:
+    return read(path, "json", **kw)
+
+
+def read_toml(path, **kw) -> dict[str, Any]:
+    return read(path, "toml", **kw)
+
+
+def read_csv(path, **kw):
+    return read(path, "csv", **kw)
+
+
+def read_parquet(path, **kw):
+    return read(path, "parquet", **kw)
+
+
+def read_npz(path, **kw) -> dict[str, np.ndarray]:
+    return read(path, "npz", **kw)
+
+
+def _json(raw: bytes, path: Path) -> dict[str, Any]:
+    obj = json.loads(raw.decode())
+    if not isinstance(obj, dict):
+        raise DamagedFile(f"{path}: damaged (not a JSON object); {_REDO}")
+    return obj
+
+
+def _toml(raw: bytes, path: Path) -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads(raw.decode())
+
+
+def _csv(raw: bytes, path: Path):
+    import csv
+    import io
+
+    import pandas as pd  # imported here: this module is on the CLI's fast error path
+
+    text = raw.decode()
+    # A truncated table parses: its last row is short (pandas fills NaN) or cut mid-number.
+    rows = list(csv.reader(io.StringIO(text)))
+    if not text.endswith("\n") or any(len(r) != len(rows[0]) for r in rows[1:]):
+        raise DamagedFile(f"{path}: damaged (truncated: a row has fewer fields than the "
+                          f"header, or the last line is cut); {_REDO}")
+    return pd.read_csv(io.StringIO(text))
+
+
+def _parquet(raw: bytes, path: Path):
+    import io
+
+    import pandas as pd
+
+    return pd.read_parquet(io.BytesIO(raw))
+
+
+def _npz(raw: bytes, path: Path) -> dict[str, np.ndarray]:
+    import io
+
+    with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+_READERS = {"json": _json, "toml": _toml, "csv": _csv, "parquet": _parquet, "npz": _npz}

@@ -22,10 +22,12 @@ the checks and one-line errors of a built-in (unknown, missing, wrong-typed, NaN
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import importlib.metadata
 import inspect
 import math
+import numbers
 import os
 import types
 import typing
@@ -83,6 +85,11 @@ class PluginRegistry(Generic[T]):
     def names(self) -> list[str]:
         """Every usable name: registered ones and installed entry points, sorted."""
         return sorted(set(self.direct) | set(self.entry_points(refresh=True)))
+
+    def builtin_names(self) -> list[str]:
+        """The names asyncsim itself registers (no plug-in, nothing a script added)."""
+        return sorted(n for n, v in self.direct.items()
+                      if str(getattr(v, "__module__", "")).startswith("asyncsim."))
 
     def get(self, name: str, key: str | None = None) -> T:
         """The value registered as ``name``, loading its entry point on first use.
@@ -288,6 +295,17 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
                 if not path.is_absolute() and base_dir is not None:
                     path = Path(base_dir) / path
                 return path
+        elif typing.get_origin(t) in (list, tuple, collections.abc.Sequence) and (
+                typing.get_args(t)[:1] in ((int,), (float,))):
+            # Sequence[int] (an MLP's hidden widths): checked here, when the scenario loads,
+            # so `asyncsim trace`, which never builds the model, refuses it too.
+            elem = typing.get_args(t)[0]
+            wants.append(f"a list of {'integers' if elem is int else 'numbers'}")
+            kind = numbers.Integral if elem is int else numbers.Real
+            if (isinstance(value, collections.abc.Iterable)
+                    and not isinstance(value, str | bytes | Mapping)
+                    and all(isinstance(x, kind) and not isinstance(x, bool) for x in value)):
+                return value  # as given (a tuple, a list, a numpy array from Python)
         elif isinstance(t, type) and t in nested:
             wants.append(nested[t][0])
             if isinstance(value, t):

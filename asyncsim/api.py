@@ -12,7 +12,6 @@ scenario and refuses timing overrides.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 
 from asyncsim import runs
+from asyncsim._io import DamagedFile, read_json, read_npz
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, changed_keys, to_dict
@@ -32,7 +32,7 @@ from asyncsim.drivers.plugins import registries as _registries
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run
 from asyncsim.errors import ScenarioError
-from asyncsim.scenario import load_scenario
+from asyncsim.scenario import load_run_scenario, parse_override
 from asyncsim.stability.measure import monitor_for
 from asyncsim.trace import Trace
 
@@ -105,8 +105,14 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     anything is written. Without ``out`` the result is written to ``RUN_DIR/replay``.
     """
     run_dir = runs.require_run_folder(run_dir)
-    scn = load_scenario(run_dir / "scenario.toml", overrides=overrides)
-    changed = trace_fixed_changes(load_scenario(run_dir / "scenario.toml"), scn)
+    # A timing key is refused as such, before the loader can refuse its value for another
+    # reason (--set protocol.kind=async on a softsync run: the run's n).
+    named = [parse_override(o)[0] if isinstance(o, str) else o[0] for o in overrides]
+    changed = [k for k in named if k.split(".")[0] in TRACE_FIXED
+               or (k.startswith("run.") and k.split(".")[1] in TRACE_FIXED_RUN)]
+    if not changed:
+        scn = load_run_scenario(run_dir, overrides=overrides)
+        changed = trace_fixed_changes(load_run_scenario(run_dir), scn)
     if changed and changed[0].split(".")[0] == "sweep":
         raise ScenarioError("sweep", "a replay re-executes one run's trace; a sweep grid "
                             "belongs in a scenario for asyncsim run (whose points replay "
@@ -137,6 +143,9 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     # one): on a GPU, where "auto" groups them, the replay must group as the source did to
     # replay it bit for bit.
     source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
+    if source.get("param_hash") is not None:
+        # Read (and so checked) before anything is written: compared with at the end.
+        read_npz(run_dir / "params.npz", what="the source run's final parameters")
     grouping = source.get("grouping", "auto")
     if grouping not in ("none", "version", "auto"):
         raise runs.RunFolderError(f"{run_dir / runs.SUMMARY}: grouping must be none, version "
@@ -190,10 +199,8 @@ def _environment_changes(run_dir: Path, source: Mapping[str, Any],
                          summary: Mapping[str, Any]) -> list[str]:
     """``"key: source's -> this machine's"`` for what a run's last bits depend on."""
     try:
-        prov = json.loads((run_dir / "provenance.json").read_text())
-    except (OSError, ValueError):
-        prov = {}
-    if not isinstance(prov, Mapping):
+        prov = read_json(run_dir / "provenance.json")
+    except DamagedFile:
         prov = {}
     here = {**runs.numerics_environment(), "backend": summary.get("backend")}
     versions = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
@@ -212,6 +219,9 @@ def _max_abs_diff(run_dir: Path, params) -> float | None:
         src = load_params(run_dir, params)
     except (OSError, KeyError, ValueError, TypeError):
         return None
+    if [np.shape(x) for x in jax.tree_util.tree_leaves(src)] != [
+            np.shape(x) for x in jax.tree_util.tree_leaves(params)]:
+        return None  # another model (--set model.*, or an edited scenario.toml)
     diffs = jax.tree_util.tree_map(
         lambda a, b: float(np.max(np.abs(np.asarray(a, np.float64)
                                          - np.asarray(b, np.float64)), initial=0.0)),

@@ -11,7 +11,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim.config import to_dict
-from asyncsim.scenario import load_scenario
+from asyncsim.scenario import load_run_scenario, load_scenario
 from asyncsim.trace import Trace
 
 
@@ -41,7 +41,7 @@ def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
     updates; returns its path.
     """
     run_dir = runs.require_run_folder(run_dir)
-    scn = load_scenario(run_dir / "scenario.toml")
+    scn = load_run_scenario(run_dir)
     trace = Trace.load(run_dir)
     out = Path(out) if out else run_dir / "calibrated.toml"
     # Written beside the run's files (by default into the run folder): as its one writer.

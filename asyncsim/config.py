@@ -145,11 +145,13 @@ class RunConfig:
     sim_time: float | None = None
     eval_every: int = 0  # evaluate every K updates (0 = only at the end)
     eval_samples: int | None = None  # test samples per evaluation (None = the whole test set)
-    checkpoint_every: int = 0  # updates between checkpoints (0 = only at the end)
+    checkpoint_every: int = 0  # updates between checkpoints (0 = once a minute of wall time)
     # How a sweep replays points that differ only in lr, momentum beta or weight decay over
     # one shared trace (SWEEP_PATHS): "exact" (default) gives each point exactly the
     # numbers of its scenario run alone; the others are faster and agree to ~1e-5 only.
     sweep_path: str = "exact"
+    # Timing only: no gradients, as `asyncsim trace` (a staleness study); sweeps and single
+    # runs both honour it.
     trace_only: bool = False
 
 
@@ -176,8 +178,10 @@ class MeasureConfig:
 
 @dataclass(frozen=True)
 class Scenario:
-    name: str = "scenario"
-    description: str = ""
+    name: str = "scenario"  # names the run folders (runs/NAME/seedN)
+    description: str = ""  # free text, for the reader
+    # Seeds the numerics (data, initialisation, batches) and, unless cluster.seed is set,
+    # the timing streams.
     seed: int = 0
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -333,6 +337,21 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, tuple | list):
         return [to_dict(v) for v in obj]
     return obj
+
+
+# Keys of [protocol] that only fixed-delay reads; a run folder's scenario.toml records them
+# only for it (they would read as settings of a softsync run).
+FIXED_DELAY_ONLY = ("schedule", "cv")
+
+
+def drop_unused(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` (a :func:`to_dict` of a Scenario) without the defaults of keys its protocol
+    does not read, as a run folder records it."""
+    proto = d.get("protocol")
+    if isinstance(proto, dict) and proto.get("kind") != "fixed-delay":
+        for k in FIXED_DELAY_ONLY:
+            proto.pop(k, None)
+    return d
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -12,6 +12,7 @@ figure live in ``runs/NAME`` (``runs/NAME-smoke`` etc. for other profiles).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 from pathlib import Path
@@ -43,6 +44,19 @@ def check_figure(name: object, *, key: str = "figure.name", file: str | None = N
     return name
 
 
+def check_figure_fits(name: str, scn) -> None:
+    """Refuse, before running, a figure that cannot be drawn from what ``scn`` writes: a
+    figure of one run folder (its module's ``DRAWS = "run"``) for a sweep, or a sweep's
+    figure for a single run."""
+    draws = getattr(load_analysis(name), "DRAWS", "sweep")
+    if draws == "run" and scn.sweep:
+        raise ScenarioError("figure.name", f"{name!r} draws one run folder; this scenario "
+                            "is a sweep: name a sweep's figure or remove [figure]")
+    if draws == "sweep" and not scn.sweep:
+        raise ScenarioError("figure.name", f"{name!r} draws a sweep; this scenario is a "
+                            "single run (no [sweep]): add its sweep or remove [figure]")
+
+
 def load_analysis(name: str) -> ModuleType:
     return importlib.import_module(f"asyncsim.analysis.{check_figure(name)}")
 
@@ -66,15 +80,37 @@ def figure_runs(name: str, runs_dir: str | Path = "runs",
     return min(seeds, key=lambda p: int(p.name[4:])) if seeds else d
 
 
+def figure_out(source: Path, profile: str | None) -> Path:
+    """Where a figure drawn from the run folders at ``source`` goes by default:
+    ``figures/`` for the default profile; for another, the sweep folder's ``figures/`` or
+    the run folder itself (as ``asyncsim run --profile P`` draws it)."""
+    if profile in (None, "default"):
+        return Path("figures")
+    return source if (source / runs.SUMMARY).exists() else source / "figures"
+
+
 def draw_figure(name: str, sweep: str | Path, out: str | Path = "figures") -> list[Path]:
+    """Draw figure ``name`` from the run folders at ``sweep`` into ``out``; a figure that
+    cannot be drawn (a damaged run folder) leaves no ``out`` folder it created."""
+    module = load_analysis(name)
     out = Path(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    return load_analysis(name).draw(Path(sweep), out)
+    try:
+        return module.draw(Path(sweep), out)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty: a figure drawn before the failure stays
+        raise
 
 
 def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
-                 out: str | Path = "figures", profile: str | None = None) -> list[Path]:
-    """Draw each named figure (default: every one whose runs exist) from its run folders."""
+                 out: str | Path | None = None, profile: str | None = None) -> list[Path]:
+    """Draw each named figure (default: every one whose runs exist) from its run folders,
+    into ``out``; by default ``figures/`` for the default profile, and for another profile
+    beside its runs (:func:`figure_out`), so smoke-scale figures never replace the
+    committed ones."""
     written: list[Path] = []
     drawable = drawable_figures()
     for name in names or []:
@@ -86,7 +122,7 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
                 raise ScenarioError("", f"no runs in {sweep_dir(name, runs_dir, profile)}; run "
                                     f"`asyncsim run scenarios/{name}.toml` first", file=name)
             continue
-        written += draw_figure(name, d, out)
+        written += draw_figure(name, d, out if out is not None else figure_out(d, profile))
     if not names and not written:
         raise ScenarioError("", f"no figure to draw: {Path(runs_dir)} holds runs of none of "
                             f"{', '.join(drawable)}; run `asyncsim run scenarios/NAME.toml` "

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import platform
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any
 from asyncsim import _io
 from asyncsim._io import dump_toml
 from asyncsim._moved import deprecated_names
-from asyncsim.config import Scenario, to_dict
+from asyncsim.config import Scenario, drop_unused, to_dict
 from asyncsim.errors import ScenarioError
 
 SUMMARY = "summary.json"
@@ -100,8 +99,8 @@ def driver_of(folder: Path) -> str:
     """What wrote a run folder, from its provenance.json: ``"online"`` (``asyncsim run``),
     ``"real"``, ``"replay"`` or ``"trace"`` (timing only)."""
     try:
-        prov = json.loads((folder / "provenance.json").read_text())
-    except (OSError, ValueError):
+        prov = _io.read_json(folder / "provenance.json")
+    except _io.DamagedFile:
         return "online"
     return prov.get("driver") or ("replay" if prov.get("replay_of") is not None else "online")
 
@@ -126,8 +125,8 @@ def _go_on(kind: str, folder: Path) -> str:
 
 def _replay_source(folder: Path) -> str | None:
     try:
-        return json.loads((folder / "provenance.json").read_text()).get("replay_of")
-    except (OSError, ValueError, AttributeError):
+        return _io.read_json(folder / "provenance.json").get("replay_of")
+    except _io.DamagedFile:
         return None
 
 
@@ -161,16 +160,9 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
 
 
 def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
-    """A folder's ``summary.json``; a damaged one is a one-line :class:`RunFolderError`."""
-    path = Path(folder) / SUMMARY
-    try:
-        summary = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RunFolderError(f"{path}: damaged, not JSON ({e}); rerun that run with "
-                             "--force") from None
-    if not isinstance(summary, dict):
-        raise RunFolderError(f"{path}: damaged, not a JSON object; rerun that run with --force")
-    return summary
+    """A folder's ``summary.json``; a damaged one is a one-line
+    :class:`~asyncsim._io.DamagedFile`."""
+    return _io.read_json(Path(folder) / SUMMARY)
 
 
 def profile_suffix(profile: str | None) -> str:
@@ -231,7 +223,7 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
     within a process. The lock goes away with the process however it ends (the kernel
     drops it), and the file is removed when the block ends."""
     folder = Path(folder)
-    _make(folder)
+    created = _make(folder)
     key = folder.resolve()
     if key in _HELD:
         _HELD[key][1] += 1
@@ -242,6 +234,7 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
         return
     fd = _acquire(folder / LOCK)
     _HELD[key] = [fd, 1, 0]
+    made = [p for p in created if p != folder]  # the parents this run made (runs/NAME)
     try:
         yield folder
     finally:
@@ -251,17 +244,23 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
                 (folder / LOCK).unlink()
         os.close(fd)  # closing releases the lock
         if discard:
-            # Emptied by discard_unstarted: gone, unless another writer has just created
-            # its lock in it (then the folder is its own).
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+            # Emptied by discard_unstarted: gone, with the empty parents this run made,
+            # unless another writer has just created its lock in it (then it is its own).
+            for d in (folder, *reversed(made)):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
 
 
-def _make(folder: Path) -> None:
+def _make(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; the folders created, outermost first."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file of that name, a read-only place, ...
         raise RunFolderError(f"{folder}: cannot be a run folder: {e.strerror or e}") from None
+    return missing
 
 
 def _busy_below(folder: Path) -> Path | None:
@@ -379,7 +378,7 @@ def _remove(p: Path) -> None:
 # ----------------------------------------------------------------------------- TOML out
 def scenario_toml(scn: Scenario) -> str:
     """The resolved scenario as a run folder's ``scenario.toml`` holds it (no ``source``)."""
-    d = to_dict(scn)
+    d = drop_unused(to_dict(scn))
     d.pop("source", None)
     return dump_toml(d)
 

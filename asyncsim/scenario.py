@@ -23,12 +23,14 @@ import copy
 import dataclasses
 import itertools
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from asyncsim import _checks
+from asyncsim._io import dump_toml, read_toml
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
 from asyncsim.config import SWEEP_PATHS, Scenario, check_momentum_kind, from_dict, to_dict
@@ -92,7 +94,18 @@ def read_raw(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, A
     try:
         return tomllib.loads(text), str(path)
     except tomllib.TOMLDecodeError as e:
-        raise ScenarioError("", f"not valid TOML: {e}", file=str(path)) from None
+        raise ScenarioError("", f"not valid TOML: {e}{_toml_line(text, str(e))}",
+                            file=str(path)) from None
+
+
+def _toml_line(text: str, message: str) -> str:
+    """The offending line, quoted: tomllib names only its number (a duplicate key: "Cannot
+    overwrite a value (at line 3, column 8)")."""
+    m = re.search(r"at line (\d+)", message)
+    lines = text.splitlines()
+    if not m or not 0 < int(m.group(1)) <= len(lines):
+        return ""
+    return f": {lines[int(m.group(1)) - 1].strip()[:80]!r}"
 
 
 def resolve_raw(
@@ -107,18 +120,31 @@ def resolve_raw(
     profiles = raw.pop("profiles", {})
     if not isinstance(profiles, Mapping):
         raise ScenarioError("profiles", "must be a table of profile tables (smoke, paper)")
-    for name in profiles:
+    tables = [f.name for f in dataclasses.fields(Scenario) if f.name != "source"]
+    for name, table in profiles.items():
         if name not in PROFILES:
             raise ScenarioError(f"profiles.{name}",
                                 f"unknown profile; allowed: {', '.join(PROFILES)}"
                                 f"{did_you_mean(name, PROFILES)}")
+        if not isinstance(table, Mapping):
+            raise ScenarioError(f"profiles.{name}", "must be a table of scenario tables")
+        for k in table:  # a profile overrides the scenario's own keys: the same names
+            if k not in tables:
+                raise ScenarioError(f"profiles.{name}.{k}", f"unknown key; allowed here: "
+                                    f"{', '.join(tables)}{did_you_mean(k, tables)}")
     if profile is not None:
         if profile not in PROFILES:
             raise ScenarioError("--profile",
                                 f"unknown profile {profile!r}; allowed: {', '.join(PROFILES)}"
                                 f"{did_you_mean(profile, PROFILES)}")
         if profile != "default":
-            raw = _merge(raw, profiles.get(profile, {}))
+            if profile not in profiles:
+                # Silently running the default scale would start a long job for a user who
+                # asked for a smoke test.
+                have = ", ".join(["default", *profiles])
+                raise ScenarioError("--profile", f"this scenario defines no {profile!r} "
+                                    f"profile; its profiles: {have}")
+            raw = _merge(raw, profiles[profile])
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
         if key.startswith("sweep.") and len(key) > len("sweep."):
@@ -168,10 +194,42 @@ def load_scenario(
                         if validate else ()):
             check(checked, base_dir=bdir)
     except ScenarioError as e:
-        raise e.with_file(file) from None
+        raise _attributed(e, file, overrides) from None
     if file is not None:
         scn = dataclasses.replace(scn, source=str(file))
     return scn
+
+
+def _attributed(e: ScenarioError, file: str | None,
+                overrides: Iterable[str | tuple[str, Any]]) -> ScenarioError:
+    """``e`` attributed to what set its key: a ``--set KEY=VALUE`` (not the file, which
+    does not hold that value), else the file. A refused parameter after ``--set
+    TABLE.kind=...`` (the file's parameters of the old kind stay) says how to replace the
+    whole table."""
+    for item in overrides:
+        key, value = parse_override(item) if isinstance(item, str) else item
+        if e.key == key or e.key.startswith((f"{key}.", f"{key}[")):
+            return e.with_file(f"--set {key}={_show(value)}")
+        table, _, leaf = key.rpartition(".")
+        if leaf == "kind" and table and e.key.startswith(f"{table}."):
+            hint = (f" (--set {key}={value} keeps the file's other {table}.* keys; to replace the "
+                    f"table: --set '{table}={{kind=\"{value}\"}}')")
+            return ScenarioError(e.key, e.message + hint, file=e.file or file)
+    return e.with_file(file)
+
+
+def _show(value: Any) -> str:
+    return dump_toml({"v": value}).split("=", 1)[1].strip() if not isinstance(value, str) \
+        else value
+
+
+def load_run_scenario(folder: str | os.PathLike, **kw: Any) -> Scenario:
+    """A run folder's ``scenario.toml`` (:func:`load_scenario`'s keywords). asyncsim always
+    writes it whole, so an empty or undecodable one is damaged: a one-line
+    :class:`asyncsim._io.DamagedFile`, not the defaults an empty scenario file means."""
+    path = Path(folder) / "scenario.toml"
+    read_toml(path, what="the run's scenario")
+    return load_scenario(path, **kw)
 
 
 def _fill_protocol_defaults(raw: dict[str, Any]) -> None:

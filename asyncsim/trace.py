@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import atomic, jsonable, write_text
+from asyncsim._io import DamagedFile, atomic, jsonable, read_json, read_parquet, write_text
 
 GRAD_COLUMNS: dict[str, type] = {
     "learner": np.int32,
@@ -37,7 +37,9 @@ GRAD_COLUMNS: dict[str, type] = {
     "staleness": np.int64,
     "t_pull": np.float64,  # the PS served the pull (the version was read)
     "t_push": np.float64,  # the learner finished computing and started sending
-    "t_arrive": np.float64,  # the gradient reached the PS
+    # simulated: the push was done (its latency and any PS service time); real: the PS
+    # picked the gradient up
+    "t_arrive": np.float64,
     "t_apply": np.float64,  # the update that took it was applied
 }
 FILES = ("trace_grads.parquet", "trace_updates.parquet", "trace_meta.json")  # Trace.save
@@ -198,11 +200,32 @@ class Trace:
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> Trace:
+        """The trace a run folder holds; a missing, damaged or inconsistent file is a
+        one-line :class:`asyncsim._io.DamagedFile` naming it."""
         folder = Path(folder)
-        g = pd.read_parquet(folder / "trace_grads.parquet")
-        u = pd.read_parquet(folder / "trace_updates.parquet")
+        tables = []
+        for name, columns in (("trace_grads", GRAD_COLUMNS), ("trace_updates", UPDATE_COLUMNS)):
+            path = folder / f"{name}.parquet"
+            df = read_parquet(path)
+            missing = [c for c in columns if c not in df.columns]
+            if missing:
+                raise DamagedFile(f"{path}: damaged (no column {', '.join(missing)}); "
+                                  "redo the run that wrote it with --force")
+            tables.append({k: df[k].to_numpy() for k in df.columns})
         meta_path = folder / "trace_meta.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        return cls.from_columns({k: g[k].to_numpy() for k in g.columns},
-                                {k: u[k].to_numpy() for k in u.columns}, meta)
+        meta = read_json(meta_path) if meta_path.exists() else {}
+        try:
+            trace = cls.from_columns(*tables, meta)
+        except (TypeError, ValueError) as e:
+            raise DamagedFile(f"{folder}: damaged trace ({e}); redo the run that wrote it "
+                              "with --force") from None
+        g, u = trace.grads, trace.updates
+        if (int(u["n_grads"].sum()) != trace.num_gradients
+                or (trace.num_gradients and not (0 <= g["apply_version"].min()
+                                                 and g["apply_version"].max()
+                                                 < trace.num_updates))):
+            raise DamagedFile(f"{folder / 'trace_grads.parquet'}: damaged (its gradients do "
+                              f"not match the {trace.num_updates} updates of "
+                              "trace_updates.parquet); redo the run that wrote it with --force")
+        return trace
 

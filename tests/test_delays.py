@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from asyncsim.config import ClusterConfig, ProtocolConfig, Scenario, from_dict, to_dict
 from asyncsim.errors import ScenarioError
@@ -542,3 +543,67 @@ def test_strategy_argument_errors():
     ):
         with pytest.raises(InvalidArgument):
             bad()
+
+
+class _Scaled(DelayModel):
+    """A plug-in delay model with a required and an optional float: scale × (1 + jitter)."""
+
+    def __init__(self, scale: float, jitter: float = 0.0):
+        if jitter > 0.5:
+            raise ValueError("jitter: must be at most 0.5")
+        self.scale, self.jitter = scale, jitter
+
+    def sample(self, rng, learner, now):
+        return self.scale * (1.0 + self.jitter * rng.random())
+
+    @property
+    def mean(self):
+        return self.scale * (1.0 + self.jitter / 2)
+
+
+class _FromFile(DelayModel):
+    """A plug-in whose required parameter is a file: it declares its own strategy."""
+
+    def __init__(self, path: Path, factor: float = 1.0):
+        self.factor = factor
+
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        return st.fixed_dictionaries({"path": st.just(__file__),
+                                      "factor": st.floats(0.5, 2.0)})
+
+    def sample(self, rng, learner, now):
+        return self.factor
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_delay_specs_cover_plug_in_models(fresh_registries, data):
+    """`delay_specs` draws specs of a user's delay model too, derived from its signature (or
+    from its own `spec_strategy`), each one accepted by make_delay and within max_mean; a
+    required parameter no strategy can be derived for is a clear error."""
+    from asyncsim.testing import plugin_specs
+
+    register_delay("scaled-test")(_Scaled)
+    register_delay("from-file-test")(_FromFile)
+    spec = data.draw(delay_specs(dists=["scaled-test", "from-file-test", "constant"],
+                                 max_mean=2.0))
+    model = make_delay(spec)
+    if spec["dist"] == "scaled-test":
+        assert 1e-3 <= spec["scale"] <= 2.0 and model.mean <= 2.0
+        assert set(spec) <= {"dist", "scale", "jitter"}
+    elif spec["dist"] == "from-file-test":
+        assert spec["path"] == __file__ and 0.5 <= spec["factor"] <= 2.0
+    for _ in range(3):
+        assert make_delay(data.draw(plugin_specs("scaled-test", 1.0))).mean <= 1.0
+
+    class _NeedsText(DelayModel):
+        def __init__(self, label: str):
+            pass
+
+        def sample(self, rng, learner, now):
+            return 1.0
+
+    register_delay("needs-text-test")(_NeedsText)
+    with pytest.raises(InvalidArgument, match="no strategy for its required parameter 'label'"):
+        data.draw(delay_specs(dists=["needs-text-test"]))

@@ -13,7 +13,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from asyncsim._io import WriteError
+from asyncsim._io import DamagedFile, WriteError
 from asyncsim.cli.parser import build_parser
 from asyncsim.errors import ScenarioError
 from asyncsim.runs import RunFolderError
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         # Errors found while running (a delay model's bad draw) know their key, not the file.
         print(f"asyncsim: error: {e.with_file(_scenario_file(args))}", file=sys.stderr)
         return EXIT_USAGE
-    except (RunFolderError, WriteError) as e:
+    except (RunFolderError, WriteError, DamagedFile) as e:
         print(f"asyncsim: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

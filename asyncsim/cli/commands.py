@@ -13,7 +13,7 @@ from pathlib import Path
 
 from asyncsim import runs
 from asyncsim.errors import ScenarioError
-from asyncsim.scenario import load_scenario
+from asyncsim.scenario import load_run_scenario, load_scenario
 
 
 def refuse_with_resume(args) -> None:
@@ -46,13 +46,15 @@ def print_summary(summary: dict, keys=None) -> None:
             print(f"  {k:<{width}}  {v}")
 
 
-def cmd_trace(args) -> int:
-    scn = load_args(args)  # before the heavy imports: a misspelt key is reported at once
+def cmd_trace(args, scn=None) -> int:
+    """``asyncsim trace`` (and ``asyncsim run`` of a scenario with ``run.trace_only``)."""
+    if scn is None:
+        scn = load_args(args)  # before the heavy imports: a misspelt key is reported at once
     from asyncsim.api import trace_run
-    from asyncsim.figures import check_figure
+    from asyncsim.figures import check_figure, check_figure_fits
 
-    if "name" in scn.figure:
-        check_figure(scn.figure["name"])
+    if "name" in scn.figure and not getattr(args, "no_figure", False):
+        check_figure_fits(check_figure(scn.figure["name"]), scn)
 
     if scn.sweep:
         return _sweep(args, scn, trace_only=True)
@@ -69,18 +71,21 @@ def cmd_trace(args) -> int:
 def cmd_run(args) -> int:
     if not args.resume and not args.scenario:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
-    from asyncsim.figures import check_figure, draw_figure
+    from asyncsim.figures import check_figure, check_figure_fits, draw_figure
 
     if args.resume:
         refuse_with_resume(args)
         out = runs.resume_folder(args.resume)
-        scn = load_scenario(out / "scenario.toml")
+        scn = load_run_scenario(out)
     else:
         scn = load_args(args)
-    if "name" in scn.figure:
-        check_figure(scn.figure["name"])  # a name, never a path: refused before running
+    if "name" in scn.figure and not args.no_figure:
+        # A name, never a path, and one that fits what runs: refused before running.
+        check_figure_fits(check_figure(scn.figure["name"]), scn)
     if scn.sweep and not args.resume:
         return _sweep(args, scn, trace_only=scn.run.trace_only)
+    if scn.run.trace_only and not args.resume:
+        return cmd_trace(args, scn)  # what its scenario.toml says: timing only
     if not args.resume:
         out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
     from asyncsim.api import run
@@ -109,6 +114,7 @@ def cmd_replay(args) -> int:
     result = replay_folder(args.run_dir, out=args.out, overrides=args.overrides,
                            force=args.force, progress=not args.quiet, path=args.path)
     if not args.quiet:
+        print(f"replay folder: {result.out}")
         print_summary(result.summary, ["updates", "gradients", "final_test_error", "diverged",
                                         "wall_time", "param_hash"])
         print(_source_line(result.summary, args.run_dir, set_by_user=bool(args.overrides)))
@@ -175,6 +181,7 @@ def _sweep(args, scn, *, trace_only: bool) -> int:
         default = args.profile in (None, "default") and not args.out
         with runs.locked(out):  # drawn from (and maybe into) the sweep folder: one writer
             for path in draw_figure(fig, out, "figures" if default else out / "figures"):
-                print(f"figure: {path}")
+                if not args.quiet:
+                    print(f"figure: {path}")
     return 0
 

@@ -9,6 +9,15 @@ import argparse
 _DESCRIPTION = ("asyncsim: a discrete-event simulator for staleness and minima selection in "
                 "asynchronous SGD")
 
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors in one line (the usage block is what ``--help`` is for), exit 2
+    like every other refusal of the CLI."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
                        optional: bool = False) -> None:
     p.add_argument("scenario", nargs="?" if optional else None, help="a scenario TOML file")
@@ -26,7 +35,7 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
 def build_parser() -> argparse.ArgumentParser:
     from asyncsim import __version__
 
-    ap = argparse.ArgumentParser(prog="asyncsim", description=_DESCRIPTION)
+    ap = _Parser(prog="asyncsim", description=_DESCRIPTION)
     # For bug reports; a run folder's provenance.json records the package versions in full.
     ap.add_argument("--version", action="version", version=f"asyncsim {__version__}")
     sub = ap.add_subparsers(dest="verb", required=True)
@@ -64,20 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func="real:cmd_compare")
 
     p = sub.add_parser("replay", help="re-execute a recorded trace with the update core")
-    p.add_argument("run_dir")
-    p.add_argument("--out")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("run_dir", help="the run folder whose trace to replay")
+    p.add_argument("--out", help="replay folder (default: RUN_DIR/replay)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="change numerics only (optimizer.*, model.*, data.*, seed, "
+                   "run.eval_every); the trace fixes the timing")
+    p.add_argument("--force", action="store_true", help="overwrite an existing replay folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     p.add_argument("--path", choices=("loop", "scan", "auto"), default="loop",
                    help="loop: jitted steps in a Python loop (bit-exact with online runs); "
                         "scan: chunks of updates in one lax.scan; auto: measure, then pick")
     p.set_defaults(func="commands:cmd_replay")
 
     p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")
-    p.add_argument("--tau", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32])
-    p.add_argument("--momentum", nargs="+", default=["none", "heavy-ball", "dampened", "shifted"])
-    p.add_argument("--beta", type=float, nargs="+", default=[0.9])
+    p.add_argument("--tau", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32],
+                   help="the constant delays of the table's rows")
+    p.add_argument("--momentum", nargs="+", default=["none", "heavy-ball", "dampened", "shifted"],
+                   help="momentum kinds: none, heavy-ball, dampened, shifted, nesterov")
+    p.add_argument("--beta", type=float, nargs="+", default=[0.9],
+                   help="momentum coefficients (one table each)")
     p.add_argument("--measure", action="store_true",
                    help="also measure the edge by simulation on a quadratic")
     p.add_argument("--figure", metavar="PNG", help="write a figure of the edges")
@@ -86,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("figures", help="draw figures from existing run folders only")
     p.add_argument("names", nargs="*", help="figure names (default: all)")
     p.add_argument("--runs", default="runs", help="folder holding the run folders")
-    p.add_argument("--out", default="figures")
+    p.add_argument("--out", default=None,
+                   help="where to draw (default: figures/ for the default profile; for "
+                   "another, the sweep's figures/ folder or the run folder)")
     p.add_argument("--profile", choices=("smoke", "default", "paper"), default=None,
                    help="draw from the runs of this profile (runs/NAME-PROFILE)")
     p.set_defaults(func="commands:cmd_figures")

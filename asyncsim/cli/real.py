@@ -11,7 +11,7 @@ from asyncsim.calibrate import calibrate, compare
 from asyncsim.cli.commands import load_args, print_summary, refuse_with_resume
 from asyncsim.drivers.real import RealRunError, real_run
 from asyncsim.errors import ScenarioError
-from asyncsim.scenario import load_scenario
+from asyncsim.scenario import load_run_scenario
 
 
 def cmd_real(args) -> int:
@@ -19,7 +19,7 @@ def cmd_real(args) -> int:
     if args.resume:
         refuse_with_resume(args)
         out = runs.resume_folder(args.resume, driver="real")
-        scn = load_scenario(out / "scenario.toml")
+        scn = load_run_scenario(out)
     else:
         if not args.scenario:
             raise ScenarioError("", "give a scenario file, or --resume RUN_DIR",

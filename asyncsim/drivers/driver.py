@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._io import atomic
+from asyncsim._io import DamagedFile, atomic, read_npz
 from asyncsim.config import Scenario
 from asyncsim.drivers.record import check_resume
 from asyncsim.numerics.core import CoreState, param_hash
@@ -205,17 +204,17 @@ def save_checkpoint(folder: Path, version: int, state: CoreState, versions: dict
 
 
 def load_checkpoint(folder: Path, template_state: CoreState, template_params):
-    with np.load(folder / CKPT) as z:
-        meta = json.loads(bytes(z["meta"]).decode())
-        s_def = jax.tree_util.tree_structure(template_state)
-        s_leaves = [z[f"state_{i}"] for i in range(s_def.num_leaves)]
-        state = jax.tree_util.tree_unflatten(s_def, [jax.numpy.asarray(a) for a in s_leaves])
-        p_def = jax.tree_util.tree_structure(template_params)
-        versions = {}
-        for v in meta["versions"]:
-            leaves = [jax.numpy.asarray(z[f"v{v}_{i}"]) for i in range(p_def.num_leaves)]
-            versions[v] = jax.tree_util.tree_unflatten(p_def, leaves)
-        flat = z["losses"]
+    z = read_npz(folder / CKPT, what="the checkpoint")
+    meta = json.loads(bytes(z["meta"]).decode())
+    s_def = jax.tree_util.tree_structure(template_state)
+    s_leaves = [z[f"state_{i}"] for i in range(s_def.num_leaves)]
+    state = jax.tree_util.tree_unflatten(s_def, [jax.numpy.asarray(a) for a in s_leaves])
+    p_def = jax.tree_util.tree_structure(template_params)
+    versions = {}
+    for v in meta["versions"]:
+        leaves = [jax.numpy.asarray(z[f"v{v}_{i}"]) for i in range(p_def.num_leaves)]
+        versions[v] = jax.tree_util.tree_unflatten(p_def, leaves)
+    flat = z["losses"]
     rec = Recorder()
     pos = 0
     for n in meta["losses_len"]:
@@ -228,10 +227,10 @@ def load_checkpoint(folder: Path, template_state: CoreState, template_params):
 def checkpoint_meta(folder: Path) -> dict[str, Any]:
     """The metadata of ``folder``'s checkpoint (its version, what it was saved with); a
     checkpoint that cannot be read is a one-line :class:`~asyncsim.runs.RunFolderError`."""
+    z = read_npz(folder / CKPT, what="the checkpoint")
     try:
-        with np.load(folder / CKPT) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        meta = json.loads(bytes(z["meta"]).decode())
+    except (KeyError, ValueError) as e:
         raise _damaged(folder, e) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("extra", {}), dict):
         raise runs.RunFolderError(f"{folder / CKPT}: damaged (its metadata is not a table); "
@@ -255,7 +254,9 @@ def resume_from(folder: Path, scn: Scenario, num: Numerics, *, check: bool = Tru
     template = num.init_state()
     try:
         return load_checkpoint(folder, template, template.params)
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+    except DamagedFile:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError) as e:  # arrays that do not fit
         raise _damaged(folder, e) from None
 
 
@@ -574,6 +575,6 @@ def save_params(folder: Path, params) -> None:
 def load_params(folder: str | Path, template):
     """The final parameters of a run folder, in the structure of ``template``."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(template)
-    with np.load(Path(folder) / "params.npz") as z:
-        leaves = [jax.numpy.asarray(z[jax.tree_util.keystr(p)]) for p, _ in flat]
+    z = read_npz(Path(folder) / "params.npz", what="the final parameters")
+    leaves = [jax.numpy.asarray(z[jax.tree_util.keystr(p)]) for p, _ in flat]
     return jax.tree_util.tree_unflatten(treedef, leaves)

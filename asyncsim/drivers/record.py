@@ -31,7 +31,7 @@ from typing import Any
 from asyncsim import runs
 from asyncsim._io import atomic, dump_toml
 from asyncsim._registry import option_defaults, path_options
-from asyncsim.config import Scenario, changed_keys, flatten, to_dict
+from asyncsim.config import Scenario, changed_keys, drop_unused, flatten, to_dict
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
@@ -46,7 +46,7 @@ def folder_scenario(scn: Scenario, folder: Path | None = None
                     ) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
     """``(the dict RUN/scenario.toml holds, the copied inputs by dotted key)``; with
     ``folder``, the inputs are copied there (atomically; a copy already there is kept)."""
-    d = to_dict(scn)
+    d = drop_unused(to_dict(scn))
     d.pop("source", None)
     base = scn.base_dir or Path.cwd()
     inputs: dict[str, dict[str, str]] = {}
@@ -109,8 +109,11 @@ def scenario_changes(saved: Mapping[str, Any], scn: Scenario) -> list[str]:
         d.pop("description", None)
     defaults = flatten(_plain(to_dict(Scenario())))
     flat_then, flat_now = flatten(then), flatten(now)
+    # A key one side leaves out and the other holds at its default is the same setting
+    # (a field added by a later asyncsim; a default an older one recorded).
     return [k for k in changed_keys(then, now)
-            if not (k not in flat_then and flat_now.get(k) == defaults.get(k, _NONE))]
+            if not (k not in flat_then and flat_now.get(k) == defaults.get(k, _NONE))
+            and not (k not in flat_now and flat_then.get(k) == defaults.get(k, _NONE))]
 
 
 _NONE = object()

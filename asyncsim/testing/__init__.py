@@ -22,9 +22,10 @@ from asyncsim.testing.strategies import (
     PROTOCOL_KINDS,
     clusters,
     delay_specs,
+    plugin_specs,
     protocols,
     scenarios,
 )
 
 __all__ = ["DELAY_DISTS", "FIXED_DELAY_MAX_TAU", "PROTOCOL_KINDS", "TraceInvariantError",
-           "check_trace", "clusters", "delay_specs", "protocols", "scenarios"]
+           "check_trace", "clusters", "delay_specs", "plugin_specs", "protocols", "scenarios"]

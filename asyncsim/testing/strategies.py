@@ -14,6 +14,7 @@ from asyncsim.config import ClusterConfig, ProtocolConfig, Scenario, from_dict
 __all__ = [
     "clusters",
     "delay_specs",
+    "plugin_specs",
     "protocols",
     "scenarios",
 ]
@@ -57,7 +58,8 @@ def _spec(draw: st.DrawFn, dist: str, max_mean: float, dists: tuple[str, ...]) -
     if dist == "straggler":
         p = draw(_fraction(0.0, 0.5))
         factor = draw(_fraction(1.0, 10.0))
-        base_dists = tuple(d for d in dists if d != "straggler") or ("constant",)
+        base_dists = tuple(d for d in dists if d in DELAY_DISTS and d != "straggler") or (
+            "constant",)
         base_max = max_mean / (1.0 - p + p * factor)
         if base_max < _MIN_MEAN:  # no room for a slowdown under a tiny max_mean
             p, base_max = 0.0, max_mean
@@ -84,20 +86,83 @@ def _spec(draw: st.DrawFn, dist: str, max_mean: float, dists: tuple[str, ...]) -
 def delay_specs(
     *, dists: Sequence[str] | None = None, max_mean: float = 10.0
 ) -> st.SearchStrategy[dict[str, Any]]:
-    """Valid delay-model specs ``{"dist": name, **params}`` of the built-in models.
+    """Valid delay-model specs ``{"dist": name, **params}``.
 
     Args:
         dists: names to draw from (default: every built-in except ``empirical``, which needs
-            a file). ``straggler`` nests a spec of one of the other names given.
+            a file); a plug-in's name (installed or registered) draws :func:`plugin_specs`.
+            ``straggler`` nests a spec of one of the other built-ins given.
         max_mean: upper bound on the mean of a generated model (its lower bound is 1e-3).
 
     Every spec is accepted by :func:`asyncsim.delays.make_delay`, and the model's analytic
     ``mean`` (untruncated for ``normal``) is at most ``max_mean``.
     """
-    names = _check_names("dists", dists, DELAY_DISTS)
+    from asyncsim.timing.delays import available_delays
+
+    plugins = [d for d in available_delays() if d not in DELAY_DISTS and d != "empirical"]
+    # By default the built-ins only, so a test's draws do not change with what is installed.
+    names = _check_names("dists", dists if dists is not None else DELAY_DISTS,
+                         (*DELAY_DISTS, *plugins))
     if not max_mean >= _MIN_MEAN:
         raise InvalidArgument(f"max_mean={max_mean!r} must be >= {_MIN_MEAN}")
-    return st.sampled_from(names).flatmap(lambda d: _spec(d, max_mean, names))
+    return st.sampled_from(names).flatmap(
+        lambda d: _spec(d, max_mean, names) if d in DELAY_DISTS else plugin_specs(d, max_mean))
+
+
+def plugin_specs(dist: str, max_mean: float = 10.0) -> st.SearchStrategy[dict[str, Any]]:
+    """Specs ``{"dist": dist, **params}`` of a plug-in delay model, for property tests of
+    your own model (docs/plugins.md).
+
+    The model may declare them: a classmethod ``spec_strategy(max_mean)`` returning a
+    strategy of parameter dicts. Otherwise they are derived from its ``__init__``
+    signature (the parameter list asyncsim checks scenarios against): a ``float`` in
+    [1e-3, max_mean], an ``int`` in 0..10, a ``bool``; a parameter with a default is
+    sometimes left out. Either way only specs :func:`asyncsim.delays.make_delay` accepts
+    and whose model's ``mean`` (when it knows one) is at most ``max_mean`` are drawn; a
+    required parameter of another type (a file path) needs ``spec_strategy``.
+    """
+    from asyncsim._registry import alternatives, signature_options
+    from asyncsim.drivers.plugins import registries
+    from asyncsim.errors import ScenarioError
+    from asyncsim.timing.delays import make_delay
+
+    cls = registries()["asyncsim.delays"].get(dist, "dist")
+    own = getattr(getattr(cls, "_wrapped", cls), "spec_strategy", None)
+    if own is not None:
+        params = own(max_mean)
+    else:
+        sig, hints, _ = signature_options(cls)
+        fields: dict[str, st.SearchStrategy[Any]] = {}
+        optional: list[str] = []
+        for name, param in sig.items():
+            kinds = alternatives(hints.get(name))
+            if float in kinds:
+                value = _fraction(_MIN_MEAN, max_mean)
+            elif bool in kinds:
+                value = st.booleans()
+            elif int in kinds:
+                value = st.integers(0, 10)
+            elif param.default is not param.empty:
+                continue  # a type no strategy is derived for: keep its default
+            else:
+                raise InvalidArgument(f"delay model {dist!r}: no strategy for its required "
+                                      f"parameter {name!r}; give the model a classmethod "
+                                      "spec_strategy(max_mean)")
+            fields[name] = value
+            if param.default is not param.empty:
+                optional.append(name)
+        params = st.fixed_dictionaries(
+            {k: v for k, v in fields.items() if k not in optional},
+            optional={k: fields[k] for k in optional})
+
+    def usable(spec: dict[str, Any]) -> bool:
+        try:
+            mean = make_delay(spec).mean
+        except ScenarioError:
+            return False
+        return mean is None or mean <= max_mean
+
+    return params.map(lambda p: {"dist": dist, **p}).filter(usable)
 
 
 def _latencies() -> st.SearchStrategy[dict[str, Any]]:

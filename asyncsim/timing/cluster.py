@@ -22,6 +22,7 @@ first). ``tests/test_cluster.py`` asserts an exact log of this.
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ import numpy as np
 import simpy
 
 from asyncsim.config import Scenario
+from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 from asyncsim.trace import GRAD_COLUMNS, UPDATE_COLUMNS, Trace
@@ -317,19 +319,54 @@ class _Const:
 
 
 def run_length(scenario: Scenario, *, n_train: int | None = None) -> dict[str, Any]:
-    """The Simulation.run limits for ``scenario.run`` (epochs need the train-set size)."""
+    """The Simulation.run limits for ``scenario.run`` (epochs need the train-set size).
+
+    A run whose trace could not fit in memory is refused here, before it starts, with one
+    line naming the key and the estimate (:func:`check_trace_fits`)."""
     r = scenario.run
     if r.updates is not None:
-        return {"max_updates": r.updates}
-    if r.gradients is not None:
-        return {"max_gradients": r.gradients}
-    if r.sim_time is not None:
-        return {"max_time": r.sim_time}
-    if r.epochs is not None:
+        limits, key = {"max_updates": r.updates}, "run.updates"
+    elif r.gradients is not None:
+        limits, key = {"max_gradients": r.gradients}, "run.gradients"
+    elif r.sim_time is not None:
+        return {"max_time": r.sim_time}  # its length is known only as the run goes
+    elif r.epochs is not None:
         if n_train is None:
             raise ValueError("run.epochs needs the data set's size")
-        return {"max_gradients": math.ceil(r.epochs * n_train / scenario.data.batch_size)}
-    return {"max_updates": 100}
+        limits = {"max_gradients": math.ceil(r.epochs * n_train / scenario.data.batch_size)}
+        key = "run.epochs"
+    else:
+        limits, key = {"max_updates": 100}, "run.updates"
+    check_trace_fits(scenario, limits, key)
+    return limits
+
+
+# Bytes of one gradient's trace row (9 columns of 8 bytes) plus its share of an update row,
+# the Python-side buffers while the simulation grows them, and the saved copy.
+TRACE_ROW_BYTES = 2 * (9 * 8 + 4 * 8)
+
+
+def check_trace_fits(scenario: Scenario, limits: dict[str, Any], key: str) -> None:
+    """Refuse a run whose trace alone would need more than the machine's memory
+    (``run.updates = 1e18`` would otherwise grow without end)."""
+    proto = get_protocol_class(scenario.protocol.kind)(scenario.protocol,
+                                                       scenario.cluster.learners)
+    grads = limits.get("max_gradients")
+    if grads is None:
+        grads = limits["max_updates"] / max(proto.updates_per_gradient(), 1e-12)
+    need = grads * TRACE_ROW_BYTES
+    have = _physical_memory()
+    if have is not None and need > have:
+        raise ScenarioError(key, f"a trace of {grads:.3g} gradients needs about "
+                            f"{need / 2**30:.3g} GiB ({TRACE_ROW_BYTES} bytes each); this "
+                            f"machine has {have / 2**30:.3g} GiB")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _column(dtype) -> array:

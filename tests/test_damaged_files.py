@@ -1,0 +1,129 @@
+"""Every file of a run folder is read through one reader (asyncsim._io.read): a damaged
+file is one line naming it, never a parser's traceback, and nothing is written first.
+
+The matrix: each file of a complete and of an unfinished folder, emptied, truncated to half
+or garbled at its start, under `asyncsim replay`, `run --resume` and `asyncsim figures`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TINY as TINY_SCENARIO
+
+from asyncsim._io import DamagedFile, dump_toml, read_csv
+from asyncsim.cli import main
+
+COMPLETE = ("scenario.toml", "trace_grads.parquet", "trace_updates.parquet",
+            "trace_meta.json", "updates.parquet", "eval.csv", "summary.json",
+            "provenance.json", "params.npz")
+UNFINISHED = ("scenario.toml", "provenance.json", "checkpoint.npz")
+# What each command reads, so a damaged one must stop it (exit 2); any other file's damage
+# may pass unnoticed (exit 0), but never as a traceback.
+READS = {
+    "replay": {"scenario.toml", "trace_grads.parquet", "trace_updates.parquet",
+               "trace_meta.json", "summary.json", "params.npz"},
+    "resume": {"scenario.toml", "checkpoint.npz"},
+    "figures": {"scenario.toml", "trace_grads.parquet", "trace_updates.parquet",
+                "trace_meta.json", "eval.csv", "summary.json", "provenance.json",
+                "params.npz"},
+}
+DAMAGE = {
+    "empty": lambda b: b"",
+    "truncated": lambda b: b[: len(b) // 2],
+    # Not UTF-8, no parquet/zip magic: what a disk error or a binary overwrite leaves.
+    "garbled": lambda b: bytes([0xFF, 0xFE, 0x00, 0x9C] * 16) + b[64:],
+}
+
+
+class _Killed(Exception):
+    pass
+
+
+class _DieAt:
+    every = 1
+
+    def observe(self, driver, version):
+        if version >= 25:
+            raise _Killed(version)
+
+    def finish(self, driver):
+        return {}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A complete run where `asyncsim figures quickstart --profile smoke` finds it, and an
+    unfinished one with a checkpoint (killed at update 25, checkpoint at 20)."""
+    from asyncsim.api import run
+    from asyncsim.scenario import load_scenario
+
+    root = tmp_path_factory.mktemp("pristine")
+    scn = dict(TINY_SCENARIO, figure={"name": "quickstart"},
+               run={"updates": 30, "eval_every": 10, "checkpoint_every": 10})
+    path = root / "s.toml"
+    path.write_text(dump_toml(scn))
+    complete = root / "runs" / "quickstart-smoke" / "seed7"
+    assert main(["run", str(path), "--out", str(complete), "--quiet", "--no-figure"]) == 0
+    unfinished = root / "unfinished"
+    with pytest.raises(_Killed):
+        run(load_scenario(path), out=unfinished, monitor=_DieAt())
+    return complete, unfinished
+
+
+def _cases():
+    for name in COMPLETE:
+        for how in DAMAGE:
+            for verb in ("replay", "figures"):
+                yield "complete", name, how, verb
+    for name in UNFINISHED:
+        for how in DAMAGE:
+            yield "unfinished", name, how, "resume"
+
+
+@pytest.mark.parametrize("which,name,how,verb", list(_cases()),
+                         ids=lambda x: str(x))
+def test_a_damaged_file_is_one_line_and_leaves_nothing(pristine, tmp_path, capsys, which,
+                                                       name, how, verb):
+    complete, unfinished = pristine
+    src = complete if which == "complete" else unfinished
+    runs_dir = tmp_path / "runs"
+    folder = runs_dir / src.parent.name / src.name
+    shutil.copytree(src, folder)
+    target = folder / name
+    target.write_bytes(DAMAGE[how](target.read_bytes()))
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    out = tmp_path / "out"
+    args = {"replay": ["replay", str(folder), "--out", str(out), "--quiet"],
+            "resume": ["run", "--resume", str(folder), "--quiet", "--no-figure"],
+            "figures": ["figures", "quickstart", "--runs", str(runs_dir), "--profile",
+                        "smoke", "--out", str(out)]}[verb]
+    capsys.readouterr()
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if name in READS[verb]:
+        assert rc == 2, f"{verb} accepted a {how} {name}"
+    if rc == 2:
+        assert err.startswith("asyncsim: error: ") and err.count("\n") == 1, err
+        assert name in err or str(folder) in err, err
+        # Nothing was written: no replay or figure folder, the run folder as it was.
+        assert not out.exists()
+        assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+    else:
+        assert rc == 0, err
+
+
+def test_a_half_eval_csv_is_refused_not_plotted(tmp_path):
+    """A table cut mid-row parses in pandas (NaN-filled); the reader refuses it."""
+    path = tmp_path / "eval.csv"
+    path.write_text("version,gradients,test_error\n0,0,0.9\n10,10,0.8\n20,2")
+    with pytest.raises(DamagedFile, match=r"eval.csv: damaged \(truncated"):
+        read_csv(path)
+    path.write_text("version,gradients,test_error\n0,0,0.9\n10,10,0.8\n")
+    assert read_csv(path)["test_error"].tolist() == [0.9, 0.8]
+    Path(tmp_path / "empty.csv").write_text("")
+    with pytest.raises(DamagedFile, match="empty.csv: empty"):
+        read_csv(tmp_path / "empty.csv")
