@@ -228,3 +228,21 @@ def test_a_run_folder_records_only_the_parameters_its_protocol_takes(tmp_path):
         old = {**saved, "protocol": {**saved["protocol"], "schedule": "round-robin",
                                      "cv": 0.1}}
         assert scenario_changes(old, load_scenario(path)) == []
+
+
+def test_option_types_are_checked_when_the_scenario_loads(tmp_path, capsys):
+    """`model.hidden = "abc"` is refused under its own key by `asyncsim trace` too, which
+    never builds the model (before: accepted, and reported under `model` by run)."""
+    path = _scenario(tmp_path, model={"name": "mlp", "hidden": "abc"})
+    assert main(["trace", str(path), "--out", str(tmp_path / "t"), "--quiet"]) == 2
+    assert "model.hidden: must be a list of integers, got 'abc'" in _one_line(capsys)
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("verb", ["replay", "stability", "figures", "run", "trace"])
+def test_every_option_says_what_it_does(verb):
+    from asyncsim.cli.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "verb")
+    silent = [a.dest for a in sub.choices[verb]._actions if a.dest != "help" and not a.help]
+    assert silent == []

@@ -235,7 +235,8 @@ def make_core(
 
        - ``none``:       theta <- theta - d
        - ``heavy-ball``: m <- beta m + d;           theta <- theta - m
-       - ``dampened``:   m <- beta m + (1 - beta) d; theta <- theta - m  (PyTorch dampening=beta)
+       - ``dampened``:   m <- beta m + (1 - beta) d; theta <- theta - m  (PyTorch's
+         dampening=beta from the first step on; PyTorch copies the first gradient)
        - ``nesterov``:   m <- beta m + d;           theta <- theta - (d + beta m)
        - ``shifted``:    per gradient l, in slot order, m_{k_l} <- beta m_{k_l} + d_l with
          ``d_l = (1/c) alpha_l (g_l + wd_p theta)``; then theta <- theta - sum_l m_{k_l}

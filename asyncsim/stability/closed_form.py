@@ -22,7 +22,8 @@ Derivations (one line each):
 
       z^τ (z − 1)(z − β) + x z = 0                                  (P2, heavy ball)
 
-* ``"dampened"`` — PyTorch ``dampening=β``: ``m_{t+1} = β m_t + (1 − β) λ w_{t−τ}``, i.e. the
+* ``"dampened"`` — ``m_{t+1} = β m_t + (1 − β) λ w_{t−τ}`` (PyTorch's ``dampening=β``
+  except at the first step, where PyTorch copies the gradient undampened), i.e. the
   heavy-ball polynomial with ``x → x (1 − β)``, so its edge is ``edge_hb / (1 − β)``.
 
 * ``"shifted"`` — ``w_{t+1} = w_t − x w_{t−τ} + β (w_{t−τ} − w_{t−τ−1})``; multiply by
