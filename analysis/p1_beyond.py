@@ -45,7 +45,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
         tau = 0 if p["protocol"] == "hardsync" else int(round(s.get("staleness_mean") or 0))
         rate = float(s["lr_at_mean_tau"])  # the rule's rate at the run's mean staleness
         e = edge(tau, kind if kind != "none" else "none", beta if kind != "none" else 0.0)
-        upd = read_parquet(p["folder"] / "updates.parquet")[["train_loss"]]
+        upd = read_parquet(p["folder"] / "updates.parquet", columns=["train_loss"])
         lam = int(p["learners"])
         warm = int(p["warmup_updates"] or 0)
         label = ("hardsync" if p["protocol"] == "hardsync" else

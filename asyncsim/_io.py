@@ -143,7 +143,8 @@ class DamagedFile(ValueError):
 _REDO = "redo the run that wrote it with --force (or resume it, if it is unfinished)"
 
 
-def read(path: str | os.PathLike, kind: str, *, what: str | None = None) -> Any:
+def read(path: str | os.PathLike, kind: str, *, what: str | None = None,
+         columns: list[str] | None = None) -> Any:
     """Read ``path`` as ``kind`` (``"json"``: a JSON object; ``"toml"``; ``"csv"`` and
     ``"parquet"``: a DataFrame; ``"npz"``: a dict of arrays, no pickles), or raise a
     one-line :class:`DamagedFile` (``what``: what the file is, for the message)."""
@@ -158,9 +159,10 @@ def read(path: str | os.PathLike, kind: str, *, what: str | None = None) -> Any:
     if not raw:
         raise DamagedFile(f"{label}: empty; {_REDO}")
     try:
-        return _READERS[kind](raw, path)
-    except DamagedFile:
-        raise
+        return _READERS[kind](raw, label, columns) if kind == "parquet" else \
+            _READERS[kind](raw, label)
+    except (DamagedFile, MemoryError):
+        raise  # out of memory is this machine's limit, not damage to the file
     except Exception as e:  # every parser's own error: the file is not what it should be
         why = " ".join(str(e).split())[:160] or type(e).__name__
         raise DamagedFile(f"{label}: damaged ({type(e).__name__}: {why}); {_REDO}") from None
@@ -179,6 +181,7 @@ def read_csv(path, **kw):
 
 
 def read_parquet(path, **kw):
+    """``columns=[...]``: only those (a missing one is damage)."""
     return read(path, "parquet", **kw)
 
 
@@ -186,20 +189,37 @@ def read_npz(path, **kw) -> dict[str, np.ndarray]:
     return read(path, "npz", **kw)
 
 
-def _json(raw: bytes, path: Path) -> dict[str, Any]:
+def check_npz(path, *, what: str | None = None) -> None:
+    """That ``path`` opens as an npz archive (its directory only: nothing is decompressed);
+    else a one-line :class:`DamagedFile`."""
+    path = Path(path)
+    label = f"{path}" + (f" ({what})" if what else "")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            _ = z.files
+    except FileNotFoundError:
+        raise DamagedFile(f"{label}: missing; {_REDO}") from None
+    except MemoryError:
+        raise
+    except Exception as e:
+        why = " ".join(str(e).split())[:160] or type(e).__name__
+        raise DamagedFile(f"{label}: damaged ({type(e).__name__}: {why}); {_REDO}") from None
+
+
+def _json(raw: bytes, label: str) -> dict[str, Any]:
     obj = json.loads(raw.decode())
     if not isinstance(obj, dict):
-        raise DamagedFile(f"{path}: damaged (not a JSON object); {_REDO}")
+        raise DamagedFile(f"{label}: damaged (not a JSON object); {_REDO}")
     return obj
 
 
-def _toml(raw: bytes, path: Path) -> dict[str, Any]:
+def _toml(raw: bytes, label: str) -> dict[str, Any]:
     import tomllib
 
     return tomllib.loads(raw.decode())
 
 
-def _csv(raw: bytes, path: Path):
+def _csv(raw: bytes, label: str):
     import csv
     import io
 
@@ -209,20 +229,20 @@ def _csv(raw: bytes, path: Path):
     # A truncated table parses: its last row is short (pandas fills NaN) or cut mid-number.
     rows = list(csv.reader(io.StringIO(text)))
     if not text.endswith("\n") or any(len(r) != len(rows[0]) for r in rows[1:]):
-        raise DamagedFile(f"{path}: damaged (truncated: a row has fewer fields than the "
+        raise DamagedFile(f"{label}: damaged (truncated: a row has fewer fields than the "
                           f"header, or the last line is cut); {_REDO}")
     return pd.read_csv(io.StringIO(text))
 
 
-def _parquet(raw: bytes, path: Path):
+def _parquet(raw: bytes, label: str, columns: list[str] | None = None):
     import io
 
     import pandas as pd
 
-    return pd.read_parquet(io.BytesIO(raw))
+    return pd.read_parquet(io.BytesIO(raw), columns=columns)
 
 
-def _npz(raw: bytes, path: Path) -> dict[str, np.ndarray]:
+def _npz(raw: bytes, label: str) -> dict[str, np.ndarray]:
     import io
 
     with np.load(io.BytesIO(raw), allow_pickle=False) as z:

@@ -295,11 +295,10 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
                 if not path.is_absolute() and base_dir is not None:
                     path = Path(base_dir) / path
                 return path
-        elif typing.get_origin(t) in (list, tuple, collections.abc.Sequence) and (
-                typing.get_args(t)[:1] in ((int,), (float,))):
+        elif _homogeneous(t) in (int, float):
             # Sequence[int] (an MLP's hidden widths): checked here, when the scenario loads,
             # so `asyncsim trace`, which never builds the model, refuses it too.
-            elem = typing.get_args(t)[0]
+            elem = _homogeneous(t)
             wants.append(f"a list of {'integers' if elem is int else 'numbers'}")
             kind = numbers.Integral if elem is int else numbers.Real
             if (isinstance(value, collections.abc.Iterable)
@@ -315,6 +314,17 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
         elif t is not _NONE:
             return value  # an annotation we do not check (Any, a user's type): pass through
     raise ScenarioError(key, f"must be {' or '.join(wants)}, got {value!r}")
+
+
+def _homogeneous(hint: Any) -> Any:
+    """``X`` for ``Sequence[X]``, ``list[X]`` or ``tuple[X, ...]`` (one element type); else
+    None (``tuple[int, float]`` is a record, not a list)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (list, collections.abc.Sequence) and len(args) == 1:
+        return args[0]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return args[0]
+    return None
 
 
 def alternatives(hint: Any) -> tuple[Any, ...]:

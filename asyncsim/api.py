@@ -20,10 +20,10 @@ import jax
 import numpy as np
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, read_json, read_npz
+from asyncsim._io import DamagedFile, check_npz, read_json
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import PluginRegistry
-from asyncsim.config import Scenario, changed_keys, to_dict
+from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers import online
 from asyncsim.drivers import replay as loop
 from asyncsim.drivers.choose import choose_path
@@ -82,6 +82,9 @@ TRACE_FIXED = ("cluster", "protocol", "sweep")
 TRACE_FIXED_RUN = ("updates", "gradients", "epochs", "sim_time", "trace_only")
 
 
+_UNSET = object()
+
+
 def trace_fixed_changes(before: Scenario, after: Scenario) -> list[str]:
     """The dotted keys whose resolved values differ between two scenarios in what a trace
     fixes (:data:`TRACE_FIXED`, ``run.`` + :data:`TRACE_FIXED_RUN`), however they were set
@@ -107,9 +110,12 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     run_dir = runs.require_run_folder(run_dir)
     # A timing key is refused as such, before the loader can refuse its value for another
     # reason (--set protocol.kind=async on a softsync run: the run's n).
-    named = [parse_override(o)[0] if isinstance(o, str) else o[0] for o in overrides]
-    changed = [k for k in named if k.split(".")[0] in TRACE_FIXED
-               or (k.startswith("run.") and k.split(".")[1] in TRACE_FIXED_RUN)]
+    named = [parse_override(o) if isinstance(o, str) else tuple(o) for o in overrides]
+    recorded = flatten(to_dict(load_run_scenario(run_dir)))
+    changed = [k for k, v in named if (k.split(".")[0] in TRACE_FIXED
+                                       or (k.startswith("run.")
+                                           and k.split(".")[1] in TRACE_FIXED_RUN))
+               and recorded.get(k, _UNSET) != v]  # the value it has already: no change
     if not changed:
         scn = load_run_scenario(run_dir, overrides=overrides)
         changed = trace_fixed_changes(load_run_scenario(run_dir), scn)
@@ -145,7 +151,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
     if source.get("param_hash") is not None:
         # Read (and so checked) before anything is written: compared with at the end.
-        read_npz(run_dir / "params.npz", what="the source run's final parameters")
+        check_npz(run_dir / "params.npz", what="the source run's final parameters")
     grouping = source.get("grouping", "auto")
     if grouping not in ("none", "version", "auto"):
         raise runs.RunFolderError(f"{run_dir / runs.SUMMARY}: grouping must be none, version "

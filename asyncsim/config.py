@@ -345,12 +345,15 @@ FIXED_DELAY_ONLY = ("schedule", "cv")
 
 
 def drop_unused(d: dict[str, Any]) -> dict[str, Any]:
-    """``d`` (a :func:`to_dict` of a Scenario) without the defaults of keys its protocol
-    does not read, as a run folder records it."""
+    """``d`` (a :func:`to_dict` of a Scenario) without the *defaults* of keys its protocol
+    does not read, as a run folder records it (a value someone set stays: a plug-in
+    protocol may read it)."""
     proto = d.get("protocol")
     if isinstance(proto, dict) and proto.get("kind") != "fixed-delay":
+        default = ProtocolConfig()
         for k in FIXED_DELAY_ONLY:
-            proto.pop(k, None)
+            if k in proto and proto[k] == getattr(default, k):
+                del proto[k]
     return d
 
 

@@ -122,7 +122,11 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
                 raise ScenarioError("", f"no runs in {sweep_dir(name, runs_dir, profile)}; run "
                                     f"`asyncsim run scenarios/{name}.toml` first", file=name)
             continue
-        written += draw_figure(name, d, out if out is not None else figure_out(d, profile))
+        target = out if out is not None else figure_out(d, profile)
+        inside = Path(target).resolve().is_relative_to(d.resolve())
+        # Drawn into the runs' folder: as its one writer (a sweep may still be running).
+        with runs.locked(d) if inside else contextlib.nullcontext():
+            written += draw_figure(name, d, target)
     if not names and not written:
         raise ScenarioError("", f"no figure to draw: {Path(runs_dir)} holds runs of none of "
                             f"{', '.join(drawable)}; run `asyncsim run scenarios/NAME.toml` "

@@ -202,25 +202,31 @@ def load_scenario(
 
 def _attributed(e: ScenarioError, file: str | None,
                 overrides: Iterable[str | tuple[str, Any]]) -> ScenarioError:
-    """``e`` attributed to what set its key: a ``--set KEY=VALUE`` (not the file, which
-    does not hold that value), else the file. A refused parameter after ``--set
-    TABLE.kind=...`` (the file's parameters of the old kind stay) says how to replace the
-    whole table."""
-    for item in overrides:
-        key, value = parse_override(item) if isinstance(item, str) else item
+    """``e`` attributed to what set its key: the last ``--set KEY=VALUE`` that set it (the
+    last one wins when they are applied), else the file. A refused parameter the file set,
+    after ``--set TABLE.kind=...`` (the file's parameters of the old kind stay), says how to
+    replace the whole table."""
+    items = [parse_override(o) if isinstance(o, str) else tuple(o) for o in overrides]
+    for key, value in reversed(items):
         if e.key == key or e.key.startswith((f"{key}.", f"{key}[")):
             return e.with_file(f"--set {key}={_show(value)}")
+    for key, value in reversed(items):
         table, _, leaf = key.rpartition(".")
         if leaf == "kind" and table and e.key.startswith(f"{table}."):
-            hint = (f" (--set {key}={value} keeps the file's other {table}.* keys; to replace the "
-                    f"table: --set '{table}={{kind=\"{value}\"}}')")
+            hint = (f" (--set {key}={_show(value)} keeps the file's other {table}.* keys; "
+                    f"to replace the table: --set '{table}={{kind=\"{_show(value)}\"}}')")
             return ScenarioError(e.key, e.message + hint, file=e.file or file)
     return e.with_file(file)
 
 
 def _show(value: Any) -> str:
-    return dump_toml({"v": value}).split("=", 1)[1].strip() if not isinstance(value, str) \
-        else value
+    """A --set value as the user would write it (TOML), or its repr when TOML has none."""
+    if isinstance(value, str):
+        return value
+    try:
+        return dump_toml({"v": value}).split("=", 1)[1].strip()
+    except TypeError:
+        return repr(value)
 
 
 def load_run_scenario(folder: str | os.PathLike, **kw: Any) -> Scenario:

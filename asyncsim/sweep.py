@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from asyncsim import runs
+from asyncsim._io import DamagedFile
 from asyncsim.config import Scenario
 from asyncsim.drivers.choose import sweep_path
 from asyncsim.drivers.driver import numerics_for
@@ -289,8 +290,11 @@ def _group_trace(scn: Scenario, folder: Path):
     if runs.is_complete(folder):
         try:
             saved = load_scenario(folder / "scenario.toml")
-        except ScenarioError:
+        except (ScenarioError, DamagedFile):
             saved = None
         if saved is not None and timing_key(saved) == timing_key(scn):
-            return Trace.load(folder)
+            try:
+                return Trace.load(folder)
+            except DamagedFile:
+                pass  # cheap to simulate again
     return trace_run(scn, folder, force=True).trace

@@ -227,7 +227,9 @@ def test_a_run_folder_records_only_the_parameters_its_protocol_takes(tmp_path):
         assert ("schedule" in saved["protocol"] and "cv" in saved["protocol"]) == kept
         old = {**saved, "protocol": {**saved["protocol"], "schedule": "round-robin",
                                      "cv": 0.1}}
-        assert scenario_changes(old, load_scenario(path)) == []
+        assert scenario_changes(old, load_scenario(path)) == []  # the defaults: the same
+        other = {**old, "protocol": {**old["protocol"], "cv": 0.3}}
+        assert scenario_changes(other, load_scenario(path)) == ["protocol.cv"]
 
 
 def test_option_types_are_checked_when_the_scenario_loads(tmp_path, capsys):
@@ -246,3 +248,47 @@ def test_every_option_says_what_it_does(verb):
     sub = next(a for a in build_parser()._actions if a.dest == "verb")
     silent = [a.dest for a in sub.choices[verb]._actions if a.dest != "help" and not a.help]
     assert silent == []
+
+
+def test_set_attribution_takes_the_last_set_and_survives_any_value(tmp_path, capsys):
+    """Repeated --set of one key: the last one (the one applied) is named; a value TOML
+    cannot write (from Python) still gives the ScenarioError, not a TypeError."""
+    import numpy as np
+
+    from asyncsim.errors import ScenarioError
+    from asyncsim.scenario import load_scenario
+
+    path = _scenario(tmp_path)
+    assert main(["trace", str(path), "--set", "optimizer.lr=0.1", "--set", "optimizer.lr=-1",
+                 "--quiet"]) == 2
+    assert "--set optimizer.lr=-1: optimizer.lr" in _one_line(capsys)
+    with pytest.raises(ScenarioError, match="--set optimizer.lr=np.float32"):
+        load_scenario(path, overrides=[("optimizer.lr", np.float32(-1))])
+    # A kind switch plus a --set of the failing key names the --set, with no table hint.
+    path = _scenario(tmp_path, cluster={"learners": 4}, protocol={"kind": "async"})
+    assert main(["trace", str(path), "--set", "protocol.kind=softsync", "--set",
+                 "protocol.n=0", "--quiet"]) == 2
+    err = _one_line(capsys)
+    assert "--set protocol.n=0: protocol.n" in err and "replace the table" not in err
+
+
+def test_replay_accepts_a_timing_set_that_changes_nothing(tmp_path, capsys):
+    path = _scenario(tmp_path, cluster={"learners": 4}, protocol={"kind": "softsync", "n": 2})
+    src = tmp_path / "src"
+    assert main(["run", str(path), "--out", str(src), "--quiet"]) == 0
+    assert main(["replay", str(src), "--set", "protocol.n=2", "--quiet"]) == 0
+    assert main(["replay", str(src), "--set", "protocol.n=1", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 2
+    assert "protocol.n: is timing" in _one_line(capsys)
+
+
+def test_a_resumed_sweep_point_keeps_its_sweeps_figure_without_drawing_it(tmp_path):
+    """A sweep point's scenario.toml keeps the sweep's [figure] and no [sweep]: resuming it
+    runs (the figure is the sweep's to draw), while a fresh run of it is refused."""
+    path = _scenario(tmp_path, figure={"name": "p2_f1"}, sweep={"optimizer.lr": [0.05, 0.1]})
+    out = tmp_path / "sw"
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-figure"]) == 0
+    point = out / "p000"
+    (point / "summary.json").unlink()
+    assert main(["run", "--resume", str(point), "--quiet"]) == 0
+    assert (point / "summary.json").exists() and not list(point.glob("*.png"))

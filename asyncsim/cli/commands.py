@@ -79,9 +79,17 @@ def cmd_run(args) -> int:
         scn = load_run_scenario(out)
     else:
         scn = load_args(args)
-    if "name" in scn.figure and not args.no_figure:
-        # A name, never a path, and one that fits what runs: refused before running.
-        check_figure_fits(check_figure(scn.figure["name"]), scn)
+    draw = "name" in scn.figure and not args.no_figure
+    if draw:
+        # A name, never a path, and one that fits what runs: refused before running. A
+        # resumed sweep point keeps its sweep's [figure]: it is then just not drawn here.
+        name = check_figure(scn.figure["name"])
+        try:
+            check_figure_fits(name, scn)
+        except ScenarioError:
+            if not args.resume:
+                raise
+            draw = False
     if scn.sweep and not args.resume:
         return _sweep(args, scn, trace_only=scn.run.trace_only)
     if scn.run.trace_only and not args.resume:
@@ -98,7 +106,7 @@ def cmd_run(args) -> int:
                                         "staleness_mean", "staleness_max", "final_test_error",
                                         "diverged", "wall_time", "param_hash"])
     fig = scn.figure.get("name")
-    if fig and not args.no_figure:
+    if fig and draw:
         default = args.profile in (None, "default") and not args.out and not args.resume
         # Drawn into the run folder unless it is the default figure: under its lock.
         with runs.locked(out) if not default else contextlib.nullcontext():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,10 +228,12 @@ def load_checkpoint(folder: Path, template_state: CoreState, template_params):
 def checkpoint_meta(folder: Path) -> dict[str, Any]:
     """The metadata of ``folder``'s checkpoint (its version, what it was saved with); a
     checkpoint that cannot be read is a one-line :class:`~asyncsim.runs.RunFolderError`."""
-    z = read_npz(folder / CKPT, what="the checkpoint")
-    try:
-        meta = json.loads(bytes(z["meta"]).decode())
-    except (KeyError, ValueError) as e:
+    try:  # only the meta member: the states stay on disk until load_checkpoint
+        with np.load(folder / CKPT, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+    except FileNotFoundError:
+        raise DamagedFile(f"{folder / CKPT}: missing; pass --force to start over") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise _damaged(folder, e) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("extra", {}), dict):
         raise runs.RunFolderError(f"{folder / CKPT}: damaged (its metadata is not a table); "

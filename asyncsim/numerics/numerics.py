@@ -72,8 +72,8 @@ def build_dataset(scn: Scenario) -> Dataset:
     except ValueError as e:  # DataError: a missing file, a refused download
         raise ScenarioError("data", str(e), file=scn.source) from None
     except MemoryError as e:  # numpy's _ArrayMemoryError: one line, not 38
-        key = next((f"data.{k}" for k in ("n_train", "n_test") if k in scn.data.options),
-                   "data")
+        sizes = [k for k in ("n_train", "n_test") if k in scn.data.options]
+        key = f"data.{max(sizes, key=lambda k: scn.data.options[k])}" if sizes else "data"
         raise ScenarioError(key, f"the data set does not fit in this machine's memory "
                             f"({' '.join(str(e).split())[:120]})", file=scn.source) from None
 

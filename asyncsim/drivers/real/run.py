@@ -15,7 +15,7 @@ from typing import Any
 import ray  # the real driver is Ray's: this package is imported only for real runs
 
 from asyncsim import runs
-from asyncsim._io import WriteError
+from asyncsim._io import DamagedFile, WriteError
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import CKPT, check_checkpoint
 from asyncsim.drivers.plugins import install_plugins, pack_plugins
@@ -318,7 +318,7 @@ def _real_run(scn, folder, resume, address, emulate_compute, threads, learner_cp
         except ray.exceptions.RayTaskError as e:
             # What the PS refused in one line (a damaged checkpoint, a full disk, a bad
             # draw) stays one line here, not Ray's remote traceback.
-            if isinstance(e.cause, RunFolderError | WriteError | ScenarioError):
+            if isinstance(e.cause, RunFolderError | WriteError | DamagedFile | ScenarioError):
                 raise e.cause from None
             raise
         return out_["summary"]
