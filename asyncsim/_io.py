@@ -58,9 +58,24 @@ def atomic(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]:
     except OSError as e:
         if isinstance(e, WriteError) or not _refused(e):
             raise
-        raise WriteError(e.errno, f"cannot write {path}: {e.strerror or e}") from e
+        raise WriteError(e.errno, f"cannot write {path}: {e.strerror or e}"
+                         f"{_space(path.parent, tmp)}") from e
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _space(folder: Path, tmp: Path) -> str:
+    """What the failed write needed and what there was: the bytes it had written, the
+    space free where it writes."""
+    import shutil
+
+    try:
+        done = tmp.stat().st_size
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    return (f" (it needed more than the {done / 2**20:.3g} MiB written; "
+            f"{free / 2**20:.3g} MiB free in {folder})")
 
 
 def _refused(e: OSError) -> bool:

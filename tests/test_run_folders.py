@@ -378,6 +378,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1
     assert "cannot write" in r.stderr and "checkpoint.npz: File too large" in r.stderr
+    assert "it needed more than the" in r.stderr and f"MiB free in {out}" in r.stderr
     assert not list(out.glob(".*.tmp")) and not (out / "checkpoint.npz").exists()
     assert (out / "scenario.toml").exists()
     assert _cli("run", "--resume", str(out), "--quiet", "--no-figure").returncode == 0
