@@ -6,7 +6,9 @@ and one module ``analysis/NAME.py`` (installed as ``asyncsim.analysis.NAME``) ex
     def draw(sweep_dir: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path]
 
 which reads the sweep's ``index.csv`` and run folders (never reruns a simulation) and writes
-``out_dir/NAME.png`` plus the plotted data as ``out_dir/NAME.csv``. The run folders of a
+``out_dir/NAME.png`` plus the plotted data as ``out_dir/NAME.csv``. A module that draws one
+run folder instead of a sweep (the quickstart) says ``DRAWS = "run"``, so that a scenario
+naming it is checked to fit before it runs (:func:`check_figure_fits`). The run folders of a
 figure live in ``runs/NAME`` (``runs/NAME-smoke`` etc. for other profiles).
 """
 
