@@ -155,32 +155,45 @@ class DamagedFile(ValueError):
     """A run-folder file that cannot be read as what it should be: one line naming it."""
 
 
-_REDO = "redo the run that wrote it with --force (or resume it, if it is unfinished)"
+# What to do about a damaged file of a run folder (a checkpoint's callers say "start over").
+REDO = "redo the run that wrote it with --force (or resume it, if it is unfinished)"
+
+
+def damaged(label: str, why: BaseException | str, advice: str = REDO) -> DamagedFile:
+    """The one-line :class:`DamagedFile` of ``label`` (a file, and what it is): ``why`` a
+    parser's exception (its type and first 160 characters) or a text."""
+    if isinstance(why, BaseException):
+        text = " ".join(str(why).split())[:160] or type(why).__name__
+        why = f"{type(why).__name__}: {text}"
+    return DamagedFile(f"{label}: damaged ({why}); {advice}")
+
+
+def _label(path: Path, what: str | None) -> str:
+    return f"{path}" + (f" ({what})" if what else "")
 
 
 def read(path: str | os.PathLike, kind: str, *, what: str | None = None,
          columns: list[str] | None = None) -> Any:
     """Read ``path`` as ``kind`` (``"json"``: a JSON object; ``"toml"``; ``"csv"`` and
-    ``"parquet"``: a DataFrame; ``"npz"``: a dict of arrays, no pickles), or raise a
-    one-line :class:`DamagedFile` (``what``: what the file is, for the message)."""
+    ``"parquet"``: a DataFrame, ``columns``: only those; ``"npz"``: a dict of arrays, no
+    pickles), or raise a one-line :class:`DamagedFile` (``what``: what the file is, for the
+    message)."""
     path = Path(path)
-    label = f"{path}" + (f" ({what})" if what else "")
+    label = _label(path, what)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise DamagedFile(f"{label}: missing; {_REDO}") from None
+        raise DamagedFile(f"{label}: missing; {REDO}") from None
     except OSError as e:
         raise DamagedFile(f"{label}: cannot be read: {e.strerror or e}") from None
     if not raw:
-        raise DamagedFile(f"{label}: empty; {_REDO}")
+        raise DamagedFile(f"{label}: empty; {REDO}")
     try:
-        return _READERS[kind](raw, label, columns) if kind == "parquet" else \
-            _READERS[kind](raw, label)
+        return _READERS[kind](raw, label, columns)
     except (DamagedFile, MemoryError):
         raise  # out of memory is this machine's limit, not damage to the file
     except Exception as e:  # every parser's own error: the file is not what it should be
-        why = " ".join(str(e).split())[:160] or type(e).__name__
-        raise DamagedFile(f"{label}: damaged ({type(e).__name__}: {why}); {_REDO}") from None
+        raise damaged(label, e) from None
 
 
 def read_json(path, **kw) -> dict[str, Any]:
@@ -204,37 +217,38 @@ def read_npz(path, **kw) -> dict[str, np.ndarray]:
     return read(path, "npz", **kw)
 
 
-def check_npz(path, *, what: str | None = None) -> None:
-    """That ``path`` opens as an npz archive (its directory only: nothing is decompressed);
-    else a one-line :class:`DamagedFile`."""
+def npz_member(path, name: str | None = None, *, what: str | None = None,
+               advice: str = REDO) -> np.ndarray | None:
+    """One member of an npz archive, read without decompressing the others (``name=None``:
+    only check that the archive opens); a missing or damaged archive, or member, is a
+    one-line :class:`DamagedFile`."""
     path = Path(path)
-    label = f"{path}" + (f" ({what})" if what else "")
+    label = _label(path, what)
     try:
         with np.load(path, allow_pickle=False) as z:
-            _ = z.files
+            return None if name is None else z[name]
     except FileNotFoundError:
-        raise DamagedFile(f"{label}: missing; {_REDO}") from None
+        raise DamagedFile(f"{label}: missing; {advice}") from None
     except MemoryError:
         raise
     except Exception as e:
-        why = " ".join(str(e).split())[:160] or type(e).__name__
-        raise DamagedFile(f"{label}: damaged ({type(e).__name__}: {why}); {_REDO}") from None
+        raise damaged(label, e, advice) from None
 
 
-def _json(raw: bytes, label: str) -> dict[str, Any]:
+def _json(raw: bytes, label: str, columns=None) -> dict[str, Any]:
     obj = json.loads(raw.decode())
     if not isinstance(obj, dict):
-        raise DamagedFile(f"{label}: damaged (not a JSON object); {_REDO}")
+        raise damaged(label, "not a JSON object")
     return obj
 
 
-def _toml(raw: bytes, label: str) -> dict[str, Any]:
+def _toml(raw: bytes, label: str, columns=None) -> dict[str, Any]:
     import tomllib
 
     return tomllib.loads(raw.decode())
 
 
-def _csv(raw: bytes, label: str):
+def _csv(raw: bytes, label: str, columns=None):
     import csv
     import io
 
@@ -244,8 +258,8 @@ def _csv(raw: bytes, label: str):
     # A truncated table parses: its last row is short (pandas fills NaN) or cut mid-number.
     rows = list(csv.reader(io.StringIO(text)))
     if not text.endswith("\n") or any(len(r) != len(rows[0]) for r in rows[1:]):
-        raise DamagedFile(f"{label}: damaged (truncated: a row has fewer fields than the "
-                          f"header, or the last line is cut); {_REDO}")
+        raise damaged(label, "truncated: a row has fewer fields than the header, or the "
+                      "last line is cut")
     return pd.read_csv(io.StringIO(text))
 
 
@@ -257,11 +271,12 @@ def _parquet(raw: bytes, label: str, columns: list[str] | None = None):
     return pd.read_parquet(io.BytesIO(raw), columns=columns)
 
 
-def _npz(raw: bytes, label: str) -> dict[str, np.ndarray]:
+def _npz(raw: bytes, label: str, columns=None) -> dict[str, np.ndarray]:
     import io
 
     with np.load(io.BytesIO(raw), allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
 
 
+# kind -> reader(raw bytes, label for messages, columns: what of a table to read, or None).
 _READERS = {"json": _json, "toml": _toml, "csv": _csv, "parquet": _parquet, "npz": _npz}

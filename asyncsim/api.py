@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, check_npz, read_json
+from asyncsim._io import DamagedFile, npz_member, read_json
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
@@ -85,16 +85,19 @@ TRACE_FIXED_RUN = ("updates", "gradients", "epochs", "sim_time", "trace_only")
 _UNSET = object()
 
 
+def _trace_fixed(key: str) -> bool:
+    """Whether dotted ``key`` is one a recorded trace fixes (:data:`TRACE_FIXED`, ``run.`` +
+    :data:`TRACE_FIXED_RUN`)."""
+    section, _, rest = key.partition(".")
+    return section in TRACE_FIXED or (section == "run" and rest.split(".")[0]
+                                      in TRACE_FIXED_RUN)
+
+
 def trace_fixed_changes(before: Scenario, after: Scenario) -> list[str]:
     """The dotted keys whose resolved values differ between two scenarios in what a trace
-    fixes (:data:`TRACE_FIXED`, ``run.`` + :data:`TRACE_FIXED_RUN`), however they were set
-    (``--set protocol.n=1`` or a whole table such as ``--set run={updates=5}``)."""
-    b, a = to_dict(before), to_dict(after)
-
-    def fixed(d):
-        return {**{s: d.get(s, {}) for s in TRACE_FIXED},
-                "run": {k: d["run"].get(k) for k in TRACE_FIXED_RUN}}
-    return changed_keys(fixed(b), fixed(a))
+    fixes (:func:`_trace_fixed`), however they were set (``--set protocol.n=1`` or a whole
+    table such as ``--set run={updates=5}``)."""
+    return [k for k in changed_keys(to_dict(before), to_dict(after)) if _trace_fixed(k)]
 
 
 def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
@@ -111,14 +114,13 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     # A timing key is refused as such, before the loader can refuse its value for another
     # reason (--set protocol.kind=async on a softsync run: the run's n).
     named = [parse_override(o) if isinstance(o, str) else tuple(o) for o in overrides]
-    recorded = flatten(to_dict(load_run_scenario(run_dir)))
-    changed = [k for k, v in named if (k.split(".")[0] in TRACE_FIXED
-                                       or (k.startswith("run.")
-                                           and k.split(".")[1] in TRACE_FIXED_RUN))
+    recorded_scn = load_run_scenario(run_dir)
+    recorded = flatten(to_dict(recorded_scn))
+    changed = [k for k, v in named if _trace_fixed(k)
                and recorded.get(k, _UNSET) != v]  # the value it has already: no change
     if not changed:
-        scn = load_run_scenario(run_dir, overrides=overrides)
-        changed = trace_fixed_changes(load_run_scenario(run_dir), scn)
+        scn = load_run_scenario(run_dir, overrides=overrides) if overrides else recorded_scn
+        changed = trace_fixed_changes(recorded_scn, scn)
     if changed and changed[0].split(".")[0] == "sweep":
         raise ScenarioError("sweep", "a replay re-executes one run's trace; a sweep grid "
                             "belongs in a scenario for asyncsim run (whose points replay "
@@ -151,14 +153,14 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
     if source.get("param_hash") is not None:
         # Read (and so checked) before anything is written: compared with at the end.
-        check_npz(run_dir / "params.npz", what="the source run's final parameters")
+        npz_member(run_dir / "params.npz", what="the source run's final parameters")
     grouping = source.get("grouping", "auto")
     if grouping not in ("none", "version", "auto"):
         raise runs.RunFolderError(f"{run_dir / runs.SUMMARY}: grouping must be none, version "
                                   f"or auto, got {grouping!r}")
     num = numerics_for(scn, grouping=grouping)
     def compare(summary, params):  # written with the replay's summary, which comes last
-        return _compare(run_dir, summary, params)
+        return _compare(run_dir, summary, params, source)
 
     if path == "scan":
         return replay_scan(scn, trace, out=out, force=force, monitor=monitor_for(scn),
@@ -186,9 +188,12 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
     return _compare(run_dir, result.summary, result.params)
 
 
-def _compare(run_dir: str | Path, summary: Mapping[str, Any], params) -> dict[str, Any]:
+def _compare(run_dir: str | Path, summary: Mapping[str, Any], params,
+             source: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`compare_with_source` (``source``: the source's summary, when read already)."""
     run_dir = Path(run_dir)
-    source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
+    if source is None:
+        source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
     src_hash = source.get("param_hash")
     if src_hash is None:
         return {"source_param_hash": None, "matches_source": None,

@@ -82,7 +82,7 @@ SWEEP_PATHS = ("exact", "vmapped", "vmapped-scan", "scan", "fastest")
 
 
 # The momentum variants of the update core (asyncsim.numerics.core); the stability toolkit
-# has closed-form edges for all but nesterov.
+# has an edge for each (asyncsim.stability.closed_form).
 MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "nesterov", "shifted")
 
 

@@ -63,6 +63,11 @@ class RunFolderError(RuntimeError):
     """A run folder that cannot be used as asked (exists, incomplete, not a run)."""
 
 
+# The errors that are one line for the user, not a traceback (asyncsim.cli prints them; the
+# real driver unwraps them from the PS actor's remote errors).
+ONE_LINE_ERRORS = (ScenarioError, RunFolderError, _io.WriteError, _io.DamagedFile)
+
+
 # The run folder's names for the one atomic writer (:mod:`asyncsim._io`).
 atomic_write_text = _io.write_text
 atomic_write_json = _io.write_json
@@ -210,8 +215,8 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
     return folder
 
 
-# Folders this process holds the lock of: resolved path -> [file descriptor, depth, remove
-# the folder at release (discard_unstarted emptied it)].
+# Folders this process holds the lock of: resolved path -> [file descriptor, remove the
+# folder at release (discard_unstarted emptied it)].
 _HELD: dict[Path, list[int]] = {}
 
 
@@ -225,20 +230,16 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
     folder = Path(folder)
     created = _make(folder)
     key = folder.resolve()
-    if key in _HELD:
-        _HELD[key][1] += 1
-        try:
-            yield folder
-        finally:
-            _HELD[key][1] -= 1
+    if key in _HELD:  # an outer block of this process holds it, and releases it
+        yield folder
         return
     fd = _acquire(folder / LOCK)
-    _HELD[key] = [fd, 1, 0]
+    _HELD[key] = [fd, 0]
     made = [p for p in created if p != folder]  # the parents this run made (runs/NAME)
     try:
         yield folder
     finally:
-        discard = _HELD.pop(key)[2]
+        discard = _HELD.pop(key)[1]
         with contextlib.suppress(OSError):
             if os.fstat(fd).st_ino == (folder / LOCK).stat().st_ino:
                 (folder / LOCK).unlink()
@@ -359,7 +360,7 @@ def discard_unstarted(folder: Path | None) -> None:
             if not (held and p.name == LOCK):
                 _remove(p)
         if held:
-            held[2] = 1  # the lock's release removes the lock file, then the folder
+            held[1] = 1  # the lock's release removes the lock file, then the folder
         else:
             (folder / LOCK).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
@@ -376,11 +377,18 @@ def _remove(p: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- TOML out
-def scenario_toml(scn: Scenario) -> str:
-    """The resolved scenario as a run folder's ``scenario.toml`` holds it (no ``source``)."""
+def scenario_dict(scn: Scenario) -> dict[str, Any]:
+    """The resolved scenario as a run folder records it, before its input files are placed
+    (:func:`asyncsim.drivers.record.folder_scenario` does that): no ``source``, and no
+    defaults of keys its protocol does not read."""
     d = drop_unused(to_dict(scn))
     d.pop("source", None)
-    return dump_toml(d)
+    return d
+
+
+def scenario_toml(scn: Scenario) -> str:
+    """:func:`scenario_dict` as TOML (what the JSON-free figure code compares runs with)."""
+    return dump_toml(scenario_dict(scn))
 
 
 # ----------------------------------------------------------------------------- provenance

@@ -27,7 +27,6 @@ Layout::
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile
+from asyncsim._io import DamagedFile, read_toml
 from asyncsim.config import Scenario
 from asyncsim.drivers.choose import sweep_path
 from asyncsim.drivers.driver import numerics_for
@@ -174,7 +173,8 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
     rows = []
     for it in items:
         folder = out / it["point"]
-        summary = runs.read_summary(folder) if runs.is_complete(folder) else {}
+        complete = runs.is_complete(folder)
+        summary = runs.read_summary(folder) if complete else {}
         row: dict[str, Any] = {"point": it["point"], **it["keys"], "folder": str(folder),
                                # What ran (an API caller's vmap= may override the file).
                                "sweep_path": summary.get("sweep_path")
@@ -185,10 +185,9 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
                                "trace_group": it["group"],
                                "shared_trace": share_traces and not trace_only
                                and len(by_group[it["group"]]) > 1}
-        if runs.is_complete(folder):
-            s = runs.read_summary(folder)
+        if complete:
             row["status"] = "complete"
-            row.update({k: s.get(k) for k in HEADLINE if k in s})
+            row.update({k: summary.get(k) for k in HEADLINE if k in summary})
         else:
             row["status"] = "missing"
         rows.append(row)
@@ -203,9 +202,9 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
     if not runs.is_complete(folder):
         return False
     try:
-        saved = tomllib.loads((folder / "scenario.toml").read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return False
+        saved = read_toml(folder / "scenario.toml")
+    except DamagedFile:
+        return False  # run again
     return not scenario_changes(saved, scn)
 
 

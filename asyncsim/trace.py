@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import DamagedFile, atomic, jsonable, read_json, read_parquet, write_text
+from asyncsim._io import atomic, damaged, jsonable, read_json, read_parquet, write_text
 
 GRAD_COLUMNS: dict[str, type] = {
     "learner": np.int32,
@@ -209,23 +209,20 @@ class Trace:
             df = read_parquet(path)
             missing = [c for c in columns if c not in df.columns]
             if missing:
-                raise DamagedFile(f"{path}: damaged (no column {', '.join(missing)}); "
-                                  "redo the run that wrote it with --force")
+                raise damaged(path, f"no column {', '.join(missing)}")
             tables.append({k: df[k].to_numpy() for k in df.columns})
         meta_path = folder / "trace_meta.json"
         meta = read_json(meta_path) if meta_path.exists() else {}
         try:
             trace = cls.from_columns(*tables, meta)
         except (TypeError, ValueError) as e:
-            raise DamagedFile(f"{folder}: damaged trace ({e}); redo the run that wrote it "
-                              "with --force") from None
+            raise damaged(f"{folder} (its trace)", e) from None
         g, u = trace.grads, trace.updates
         if (int(u["n_grads"].sum()) != trace.num_gradients
                 or (trace.num_gradients and not (0 <= g["apply_version"].min()
                                                  and g["apply_version"].max()
                                                  < trace.num_updates))):
-            raise DamagedFile(f"{folder / 'trace_grads.parquet'}: damaged (its gradients do "
-                              f"not match the {trace.num_updates} updates of "
-                              "trace_updates.parquet); redo the run that wrote it with --force")
+            raise damaged(folder / "trace_grads.parquet", "its gradients do not match the "
+                          f"{trace.num_updates} updates of trace_updates.parquet")
         return trace
 

@@ -13,10 +13,9 @@ import importlib
 import sys
 from pathlib import Path
 
-from asyncsim._io import DamagedFile, WriteError
 from asyncsim.cli.parser import build_parser
 from asyncsim.errors import ScenarioError
-from asyncsim.runs import RunFolderError
+from asyncsim.runs import ONE_LINE_ERRORS
 
 EXIT_USAGE = 2
 
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         # Errors found while running (a delay model's bad draw) know their key, not the file.
         print(f"asyncsim: error: {e.with_file(_scenario_file(args))}", file=sys.stderr)
         return EXIT_USAGE
-    except (RunFolderError, WriteError, DamagedFile) as e:
+    except ONE_LINE_ERRORS as e:  # a run folder refused, unwritable or damaged
         print(f"asyncsim: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -46,15 +46,32 @@ def print_summary(summary: dict, keys=None) -> None:
             print(f"  {k:<{width}}  {v}")
 
 
-def cmd_trace(args, scn=None) -> int:
-    """``asyncsim trace`` (and ``asyncsim run`` of a scenario with ``run.trace_only``)."""
-    if scn is None:
-        scn = load_args(args)  # before the heavy imports: a misspelt key is reported at once
-    from asyncsim.api import trace_run
+def figure_to_draw(args, scn) -> bool:
+    """Whether to draw ``scn``'s ``[figure]`` after it runs. Its name must be a registered
+    figure (a name, never a path) and fit what runs, or the run is refused before it
+    starts; a resumed sweep point keeps its sweep's ``[figure]``, which is then just not
+    drawn here."""
+    if "name" not in scn.figure or getattr(args, "no_figure", False):
+        return False
     from asyncsim.figures import check_figure, check_figure_fits
 
-    if "name" in scn.figure and not getattr(args, "no_figure", False):
-        check_figure_fits(check_figure(scn.figure["name"]), scn)
+    name = check_figure(scn.figure["name"])
+    try:
+        check_figure_fits(name, scn)
+    except ScenarioError:
+        if not getattr(args, "resume", None):
+            raise
+        return False
+    return True
+
+
+def cmd_trace(args, scn=None) -> int:
+    """``asyncsim trace`` (and ``asyncsim run`` of a scenario with ``run.trace_only``, which
+    has checked its figure)."""
+    if scn is None:
+        scn = load_args(args)  # before the heavy imports: a misspelt key is reported at once
+        figure_to_draw(args, scn)
+    from asyncsim.api import trace_run
 
     if scn.sweep:
         return _sweep(args, scn, trace_only=True)
@@ -71,7 +88,7 @@ def cmd_trace(args, scn=None) -> int:
 def cmd_run(args) -> int:
     if not args.resume and not args.scenario:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
-    from asyncsim.figures import check_figure, check_figure_fits, draw_figure
+    from asyncsim.figures import draw_figure
 
     if args.resume:
         refuse_with_resume(args)
@@ -79,17 +96,7 @@ def cmd_run(args) -> int:
         scn = load_run_scenario(out)
     else:
         scn = load_args(args)
-    draw = "name" in scn.figure and not args.no_figure
-    if draw:
-        # A name, never a path, and one that fits what runs: refused before running. A
-        # resumed sweep point keeps its sweep's [figure]: it is then just not drawn here.
-        name = check_figure(scn.figure["name"])
-        try:
-            check_figure_fits(name, scn)
-        except ScenarioError:
-            if not args.resume:
-                raise
-            draw = False
+    draw = figure_to_draw(args, scn)
     if scn.sweep and not args.resume:
         return _sweep(args, scn, trace_only=scn.run.trace_only)
     if scn.run.trace_only and not args.resume:

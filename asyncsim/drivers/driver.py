@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, atomic, read_npz
+from asyncsim._io import DamagedFile, atomic, damaged, npz_member, read_npz
 from asyncsim.config import Scenario
 from asyncsim.drivers.record import check_resume
 from asyncsim.numerics.core import CoreState, param_hash
@@ -225,33 +224,35 @@ def load_checkpoint(folder: Path, template_state: CoreState, template_params):
     return meta["version"], state, versions, rec, meta["extra"]
 
 
+# What to do about a checkpoint that cannot be used.
+_START_OVER = "pass --force to start over"
+
+
 def checkpoint_meta(folder: Path) -> dict[str, Any]:
-    """The metadata of ``folder``'s checkpoint (its version, what it was saved with); a
-    checkpoint that cannot be read is a one-line :class:`~asyncsim.runs.RunFolderError`."""
-    try:  # only the meta member: the states stay on disk until load_checkpoint
-        with np.load(folder / CKPT, allow_pickle=False) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
-    except FileNotFoundError:
-        raise DamagedFile(f"{folder / CKPT}: missing; pass --force to start over") from None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        raise _damaged(folder, e) from None
+    """The metadata of ``folder``'s checkpoint (its version, what it was saved with), read
+    without loading its states; a checkpoint that cannot be read is a one-line
+    :class:`~asyncsim._io.DamagedFile`."""
+    raw = npz_member(folder / CKPT, "meta", what="the checkpoint", advice=_START_OVER)
+    try:
+        meta = json.loads(bytes(raw).decode())
+    except ValueError as e:
+        raise damaged(folder / CKPT, e, _START_OVER) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("extra", {}), dict):
-        raise runs.RunFolderError(f"{folder / CKPT}: damaged (its metadata is not a table); "
-                                  "pass --force to start over")
+        raise damaged(folder / CKPT, "its metadata is not a table", _START_OVER)
     return meta
 
 
-def check_checkpoint(folder: Path, scn: Scenario) -> None:
+def check_checkpoint(folder: Path, scn: Scenario) -> dict[str, Any]:
     """Refuse, in one line, a checkpoint that does not belong to ``scn`` (the folder's
-    scenario.toml as it is now): :func:`asyncsim.drivers.record.check_resume`."""
-    check_resume(folder, checkpoint_meta(folder).get("extra", {}).get("scenario"), scn)
+    scenario.toml as it is now: :func:`asyncsim.drivers.record.check_resume`); returns the
+    scenario as the folder records it, which the resumed run's checkpoints keep."""
+    return check_resume(folder, checkpoint_meta(folder).get("extra", {}).get("scenario"), scn)
 
 
 def resume_from(folder: Path, scn: Scenario, num: Numerics, *, check: bool = True):
     """The checkpoint ``folder`` resumes from (:func:`load_checkpoint`'s tuple), once it is
     known to belong to ``scn`` (:func:`check_checkpoint`; ``check=False``: the caller has
-    checked it). A damaged checkpoint is a one-line
-    :class:`~asyncsim.runs.RunFolderError`."""
+    checked it). A damaged checkpoint is a one-line :class:`~asyncsim._io.DamagedFile`."""
     if check:
         check_checkpoint(folder, scn)
     template = num.init_state()
@@ -260,13 +261,7 @@ def resume_from(folder: Path, scn: Scenario, num: Numerics, *, check: bool = Tru
     except DamagedFile:
         raise
     except (ValueError, KeyError, TypeError, IndexError) as e:  # arrays that do not fit
-        raise _damaged(folder, e) from None
-
-
-def _damaged(folder: Path, e: BaseException) -> runs.RunFolderError:
-    why = " ".join(str(e).split()) or type(e).__name__
-    return runs.RunFolderError(f"{folder / CKPT}: cannot be read ({type(e).__name__}: {why}); "
-                               "pass --force to start over")
+        raise damaged(folder / CKPT, e, _START_OVER) from None
 
 
 class Driver:

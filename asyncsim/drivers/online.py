@@ -24,11 +24,12 @@ from asyncsim.drivers.driver import (
     Driver,
     Monitor,
     RunResult,
+    check_checkpoint,
     message_bytes,
     numerics_for,
     resume_from,
 )
-from asyncsim.drivers.record import folder_scenario, start_folder
+from asyncsim.drivers.record import start_folder
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.timing.cluster import Simulation, run_length
 
@@ -59,8 +60,8 @@ def _run(scn, folder, resume, progress, profile, grouping, numerics, monitor,
     num = numerics or numerics_for(scn, grouping=grouping)
     start = None
     if resume and folder is not None and (folder / CKPT).exists():
-        record = folder_scenario(scn)[0]
-        start = resume_from(folder, scn, num)
+        record = check_checkpoint(folder, scn)
+        start = resume_from(folder, scn, num, check=False)
     else:
         record = start_folder(folder, scn, profile=profile)
     driver = Driver(scn, num, folder=folder, start=start, monitor=monitor, record=record)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from asyncsim import runs
 from asyncsim._io import atomic, dump_toml
 from asyncsim._registry import option_defaults, path_options
-from asyncsim.config import Scenario, changed_keys, drop_unused, flatten, to_dict
+from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
@@ -46,8 +45,7 @@ def folder_scenario(scn: Scenario, folder: Path | None = None
                     ) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
     """``(the dict RUN/scenario.toml holds, the copied inputs by dotted key)``; with
     ``folder``, the inputs are copied there (atomically; a copy already there is kept)."""
-    d = drop_unused(to_dict(scn))
-    d.pop("source", None)
+    d = runs.scenario_dict(scn)
     base = scn.base_dir or Path.cwd()
     inputs: dict[str, dict[str, str]] = {}
     cluster = d.get("cluster", {})
@@ -94,15 +92,17 @@ def start_folder(folder: Path | None, scn: Scenario, **provenance: Any) -> dict[
     return d
 
 
-def scenario_changes(saved: Mapping[str, Any], scn: Scenario) -> list[str]:
+def scenario_changes(saved: Mapping[str, Any], scn: Scenario, *,
+                     now: Mapping[str, Any] | None = None) -> list[str]:
     """The dotted keys where a folder's recorded scenario (``saved``: its scenario.toml or a
     checkpoint's record, as parsed) differs from what ``scn`` would record now, the one
     comparison of "is this the same run" (resume, a sweep point's folder). Both sides go
     through JSON (tuples as lists); a model or data option the record leaves out equals the
     factory's default; a key the record lacks equals the config's default (a field added in
     a later asyncsim does not make an old folder "changed"). What changes no number (the
-    ``[figure]`` table, ``description``) is not compared."""
-    now = _with_option_defaults(_plain(folder_scenario(scn)[0]))
+    ``[figure]`` table, ``description``) is not compared. ``now``: :func:`folder_scenario`
+    of ``scn``, when the caller has it."""
+    now = _with_option_defaults(_plain(now if now is not None else folder_scenario(scn)[0]))
     then = _with_option_defaults(_plain(dict(saved)))
     for d in (now, then):
         d.pop("figure", None)
@@ -134,28 +134,31 @@ def _with_option_defaults(d: dict[str, Any]) -> dict[str, Any]:
             if name in sec or (name == "seed" and section == "data") or default is None:
                 continue
             try:  # as a record holds it: a default tuple compares equal to a saved list
-                sec[name] = _plain({"v": tomllib.loads(dump_toml({"v": default}))["v"]})["v"]
-            except (TypeError, ValueError, tomllib.TOMLDecodeError):
+                sec[name] = _plain({"v": default})["v"]
+            except (TypeError, ValueError):  # not a value a scenario file can hold
                 continue
     return d
 
 
-def check_resume(folder: Path, saved: dict[str, Any] | None, scn: Scenario) -> None:
+def check_resume(folder: Path, saved: dict[str, Any] | None, scn: Scenario) -> dict[str, Any]:
     """Refuse, in one line naming the keys, to resume ``folder`` when its ``scenario.toml``
     (loaded as ``scn``) no longer resolves to the scenario its checkpoint belongs to
-    (``saved``): the numbers would come from one run and the rest from another."""
+    (``saved``): the numbers would come from one run and the rest from another. Returns
+    what the folder records of ``scn`` (:func:`folder_scenario`)."""
     if saved is None:
         raise runs.RunFolderError(f"{folder}: its checkpoint does not record the scenario it "
                                   "belongs to (written by an older asyncsim), so it cannot "
                                   "be checked against scenario.toml: pass --force to start "
                                   "over")
-    changed = scenario_changes(saved, scn)
+    now = folder_scenario(scn)[0]
+    changed = scenario_changes(saved, scn, now=now)
     if changed:
         shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6
                                          else "")
         raise runs.RunFolderError(f"{folder}: scenario.toml changed since the checkpoint "
                                   f"({shown}); the checkpoint belongs to the scenario as it "
                                   "was: restore it, or pass --force to start over")
+    return now
 
 
 def _plain(d: Mapping[str, Any]) -> dict[str, Any]:

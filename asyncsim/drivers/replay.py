@@ -148,5 +148,5 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
         finally:
             driver.close_progress()
         return driver.finish(trace, t0, kind=kind, extra={
-            "replay_path": "loop", "exact": True, "replay_versions_held": need["versions"],
+            "replay_path": "loop", "replay_versions_held": need["versions"],
             "replay_version_bytes": need["bytes"], **(extra or {})}, compare=compare)

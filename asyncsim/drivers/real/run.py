@@ -15,7 +15,6 @@ from typing import Any
 import ray  # the real driver is Ray's: this package is imported only for real runs
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, WriteError
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import CKPT, check_checkpoint
 from asyncsim.drivers.plugins import install_plugins, pack_plugins
@@ -26,10 +25,9 @@ from asyncsim.drivers.real.actors import (
     RealRunError,
     thread_counts,
 )
-from asyncsim.drivers.record import folder_scenario, start_folder
+from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import train_size
-from asyncsim.runs import RunFolderError
 from asyncsim.timing.cluster import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 
@@ -268,8 +266,7 @@ def real_run(scn: Scenario, *, out: str | Path | None, resume: bool = False,
         record = None
         if folder is not None and resume and (folder / CKPT).exists():
             # Checked here, not in the PS actor: there Ray would wrap the one-line refusal.
-            check_checkpoint(folder, scn)
-            record = folder_scenario(scn)[0]
+            record = check_checkpoint(folder, scn)
         elif folder is not None:  # a new run, or a resume with nothing checkpointed yet
             record = start_folder(folder, scn, profile=profile, driver="real",
                                   ray_address=address)
@@ -318,7 +315,7 @@ def _real_run(scn, folder, resume, address, emulate_compute, threads, learner_cp
         except ray.exceptions.RayTaskError as e:
             # What the PS refused in one line (a damaged checkpoint, a full disk, a bad
             # draw) stays one line here, not Ray's remote traceback.
-            if isinstance(e.cause, RunFolderError | WriteError | DamagedFile | ScenarioError):
+            if isinstance(e.cause, runs.ONE_LINE_ERRORS):
                 raise e.cause from None
             raise
         return out_["summary"]
