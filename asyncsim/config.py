@@ -69,8 +69,13 @@ class ProtocolConfig:
     n: int | None = None  # softsync: the PS updates after c = floor(learners / n) gradients
     tau: int | None = None  # fixed-delay: the delay; uses tau + 1 workers
     s: int | None = None  # ssp: a learner may lead the slowest by at most s clocks
-    schedule: str = "round-robin"  # fixed-delay worker schedule: round-robin | random | normal
-    cv: float = 0.1  # fixed-delay "normal" schedule: spread of the workers' step times
+    # fixed-delay worker schedule: round-robin | random | normal (P2's official draw) | race
+    schedule: str = "round-robin"
+    cv: float = 0.1  # fixed-delay "race" schedule: spread of the workers' step times
+    # fixed-delay "normal" schedule: worker k is drawn with probability proportional to
+    # Phi((staleness_k - loc) / scale); None: P2's official loc = tau + 1, scale = (tau + 1) / 4
+    loc: float | None = None
+    scale: float | None = None  # fixed-delay "normal" schedule: see loc
 
 
 # run.sweep_path: "exact", one loop replay per point (bit-identical to the point's scenario
@@ -84,22 +89,69 @@ SWEEP_PATHS = ("exact", "vmapped", "vmapped-scan", "scan", "fastest")
 # The momentum variants of the update core (asyncsim.numerics.core); the stability toolkit
 # has an edge for each (asyncsim.stability.closed_form).
 MOMENTUM_KINDS = ("none", "heavy-ball", "dampened", "nesterov", "shifted")
+# Where the rate sits: "caffe" (inside the buffer, P1's framework: m <- beta m + alpha g,
+# theta <- theta - m) or "torch" (PyTorch's SGD, P2's official code: m <- beta m + (1 - d) g,
+# the first step m <- g, theta <- theta - eta m).
+MOMENTUM_STYLES = ("caffe", "torch")
+# Which gradients' staleness sets the rates of the lr rule: "actual" (each gradient's own
+# staleness) or "nominal" (the protocol's nominal delay, a constant rate from the first
+# update, as P2's official regimes set eta_tau by hand).
+LR_STALENESS = ("actual", "nominal")
+NOMINAL_NEEDS = ("\"nominal\" needs a protocol with a nominal delay (fixed-delay: tau; async: "
+                 "learners - 1; hardsync: 0)")
+# Which parameters weight decay applies to: "all", or "weights" (the parameters of rank >= 2:
+# conv kernels and dense matrices, never biases or normalisation scales: P2's official
+# ResNet, regularization_pre_step).
+WEIGHT_DECAY_SCOPES = ("all", "weights")
 
 
 def check_momentum_kind(kind: str) -> str:
     """``kind`` if it is one of :data:`MOMENTUM_KINDS`; else a ScenarioError under
     ``optimizer.momentum.kind`` listing them."""
-    if kind not in MOMENTUM_KINDS:
-        raise ScenarioError("optimizer.momentum.kind",
-                            f"unknown momentum {kind!r}; allowed: {', '.join(MOMENTUM_KINDS)}"
-                            f"{did_you_mean(kind, MOMENTUM_KINDS)}")
-    return kind
+    return check_choice("optimizer.momentum.kind", kind, MOMENTUM_KINDS, what="momentum")
+
+
+def check_choice(key: str, value: str, allowed: tuple[str, ...], *, what: str = "value") -> str:
+    """``value`` if it is one of ``allowed``; else a ScenarioError under ``key`` listing them."""
+    if value not in allowed:
+        raise ScenarioError(key, f"unknown {what} {value!r}; allowed: {', '.join(allowed)}"
+                            f"{did_you_mean(value, allowed)}")
+    return value
+
+
+def check_dampening(momentum: MomentumConfig) -> float | str | None:
+    """The dampening of ``momentum`` (a MomentumConfig): None (none, the arithmetic without
+    it), ``"beta"`` (kind ``"dampened"``: the shorthand for dampening = beta) or a float in
+    (0, 1); a ScenarioError under ``optimizer.momentum.dampening`` where it does not fit
+    (PyTorch's rule: Nesterov momentum takes no dampening)."""
+    d = momentum.dampening
+    key = "optimizer.momentum.dampening"
+    if momentum.kind == "dampened":
+        if d is not None:
+            raise ScenarioError(key, "kind = \"dampened\" is the shorthand for dampening = "
+                                "beta; give kind = \"heavy-ball\" with a dampening instead")
+        return "beta"
+    if d is None or d == 0:
+        return None
+    if momentum.kind == "none":
+        raise ScenarioError(key, "needs a momentum buffer; kind \"none\" has none")
+    if momentum.kind == "nesterov":
+        raise ScenarioError(key, "Nesterov momentum takes no dampening (as in PyTorch); "
+                            "use heavy-ball or shifted")
+    if not 0.0 <= d < 1.0:
+        raise ScenarioError(key, f"must be in [0, 1), got {d}")
+    return float(d)
 
 
 @dataclass(frozen=True)
 class MomentumConfig:
     kind: str = "none"  # one of MOMENTUM_KINDS
     beta: float = 0.9
+    # caffe (rate inside the buffer) | torch (PyTorch's SGD); None: caffe
+    style: str | None = None
+    # PyTorch's dampening d: the buffer takes (1 - d) of each step; None: 0, or beta for
+    # kind = "dampened" (its shorthand)
+    dampening: float | None = None
 
 
 @dataclass(frozen=True)
@@ -114,10 +166,15 @@ class ScheduleConfig:
 class OptimizerConfig:
     lr: float = 0.01  # alpha_0 (P1) / eta_0 (P2)
     lr_rule: str = "constant"  # constant | inverse-staleness | inverse-mean-staleness | ...
+    # actual (each gradient's staleness sets its rate) | nominal (the protocol's nominal
+    # delay); None: actual
+    lr_staleness: str | None = None
     momentum: MomentumConfig = field(default_factory=MomentumConfig)
     weight_decay: float = 0.0
     # Per-layer multipliers of weight_decay, by parameter-path prefix (P1: {"fc" = 250.0}).
     weight_decay_mult: Mapping[str, float] = field(default_factory=dict)
+    # all | weights (rank >= 2: conv kernels, dense matrices); None: all
+    weight_decay_scope: str | None = None
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
@@ -341,7 +398,7 @@ def to_dict(obj: Any) -> Any:
 
 # Keys of [protocol] that only fixed-delay reads; a run folder's scenario.toml records them
 # only for it (they would read as settings of a softsync run).
-FIXED_DELAY_ONLY = ("schedule", "cv")
+FIXED_DELAY_ONLY = ("schedule", "cv", "loc", "scale")
 
 
 def drop_unused(d: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,9 @@ def _allowed() -> dict[str, list[str]]:
     delays = [f"{{dist = ...}} with dist one of: {', '.join(names['delays'])}"]
     return {"protocol.kind": names["protocols"], "optimizer.lr_rule": names["lr_rules"],
             "optimizer.momentum.kind": list(config.MOMENTUM_KINDS),
+            "optimizer.momentum.style": list(config.MOMENTUM_STYLES),
+            "optimizer.lr_staleness": list(config.LR_STALENESS),
+            "optimizer.weight_decay_scope": list(config.WEIGHT_DECAY_SCOPES),
             "model.name": names["models"], "data.name": names["datasets"],
             "run.sweep_path": list(config.SWEEP_PATHS),
             "protocol.schedule": list(FixedDelay.SCHEDULES),

@@ -33,7 +33,19 @@ from asyncsim import _checks
 from asyncsim._io import dump_toml, read_toml
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
-from asyncsim.config import SWEEP_PATHS, Scenario, check_momentum_kind, from_dict, to_dict
+from asyncsim.config import (
+    LR_STALENESS,
+    MOMENTUM_STYLES,
+    NOMINAL_NEEDS,
+    SWEEP_PATHS,
+    WEIGHT_DECAY_SCOPES,
+    Scenario,
+    check_choice,
+    check_dampening,
+    check_momentum_kind,
+    from_dict,
+    to_dict,
+)
 from asyncsim.errors import ScenarioError, did_you_mean
 
 PROFILES = ("smoke", "default", "paper")
@@ -326,6 +338,18 @@ def _check_optimizer(scn: Scenario) -> None:
     check_momentum_kind(o.momentum.kind)
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
+    check_choice("optimizer.momentum.style", o.momentum.style or "caffe", MOMENTUM_STYLES)
+    check_dampening(o.momentum)
+    check_choice("optimizer.weight_decay_scope", o.weight_decay_scope or "all",
+                 WEIGHT_DECAY_SCOPES)
+    if check_choice("optimizer.lr_staleness", o.lr_staleness or "actual",
+                    LR_STALENESS) == "nominal":
+        from asyncsim.timing.protocols import get_protocol_class  # see check
+
+        proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+        if proto.nominal_staleness() is None:
+            raise ScenarioError("optimizer.lr_staleness",
+                                f"{NOMINAL_NEEDS}; {scn.protocol.kind!r} has none")
     _positive("optimizer.weight_decay", o.weight_decay, allow_zero=True)
     for k, m in o.weight_decay_mult.items():
         _positive(f"optimizer.weight_decay_mult.{k}", m, allow_zero=True)

@@ -25,6 +25,9 @@ n = 2
 updates = 50
 """
 
+# GOOD with P2's fixed delay (tau + 1 = 4 workers, its learners).
+FIXED = GOOD.replace('kind = "softsync"\nn = 2', 'kind = "fixed-delay"\ntau = 3')
+
 
 def write(tmp_path, text, name="s.toml"):
     p = tmp_path / name
@@ -57,6 +60,25 @@ def write(tmp_path, text, name="s.toml"):
      "an integer >= 0"),
     (GOOD + "\n[model]\nname = \"quadratic\"\neigenvalues = [1.0]\n[measure]\nedges = true\n",
      "measure.edges", "needs protocol.kind = \"fixed-delay\""),
+    # issue 20's keys: PyTorch's SGD, P2's official schedule, the nominal eta_tau
+    (GOOD + '\n[optimizer]\nmomentum = { kind = "heavy-ball", style = "pytorch" }\n',
+     "optimizer.momentum.style", "allowed: caffe, torch"),
+    (GOOD + '\n[optimizer]\nmomentum = { kind = "dampened", dampening = 0.5 }\n',
+     "optimizer.momentum.dampening", "shorthand for dampening = beta"),
+    (GOOD + '\n[optimizer]\nmomentum = { kind = "nesterov", dampening = 0.5 }\n',
+     "optimizer.momentum.dampening", "no dampening"),
+    (GOOD + '\n[optimizer]\nmomentum = { kind = "heavy-ball", dampening = 1.0 }\n',
+     "optimizer.momentum.dampening", "[0, 1)"),
+    (GOOD + '\n[optimizer]\nweight_decay_scope = "matrices"\n',
+     "optimizer.weight_decay_scope", "allowed: all, weights"),
+    (GOOD + '\n[optimizer]\nlr_staleness = "nominal"\n', "optimizer.lr_staleness",
+     "'softsync' has none"),
+    (FIXED.replace("tau = 3", 'tau = 3\nschedule = "normal"\ncv = 0.3'), "protocol.cv",
+     "\"race\" schedule only"),
+    (FIXED.replace("tau = 3", 'tau = 3\nschedule = "random"\nloc = 2.0'), "protocol.loc",
+     "\"normal\" schedule only"),
+    (FIXED.replace("tau = 3", 'tau = 3\nschedule = "normal"\nscale = 0.0'), "protocol.scale",
+     "finite number > 0"),
 ])
 def test_invalid_scenarios_exit_2_with_one_line(tmp_path, capsys, text, key, allowed):
     path = write(tmp_path, text)

@@ -132,7 +132,7 @@ def test_fixed_delay_random_is_more_spread():
     assert abs(tr.staleness[100:].mean() - 7) < 0.7
     assert tr.max_staleness > 20
     check_trace(tr, scn)
-    scn = scenario(protocol={"kind": "fixed-delay", "tau": 7, "schedule": "normal", "cv": 0.05},
+    scn = scenario(protocol={"kind": "fixed-delay", "tau": 7, "schedule": "race", "cv": 0.05},
                    run={"updates": 4000})
     tr = simulate(scn)
     assert abs(tr.staleness[100:].mean() - 7) < 0.3

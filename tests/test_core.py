@@ -580,3 +580,122 @@ def test_param_hash():
     assert param_hash(r) != param_hash(p)
     s = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), p)
     assert param_hash(s) != param_hash(p)
+
+
+# ----------------------------------------------------------------------------- torch style
+def torch_opt(lr=0.1, kind="heavy-ball", beta=0.9, dampening=None, **kw) -> OptimizerConfig:
+    return OptimizerConfig(lr=lr, momentum=MomentumConfig(kind=kind, beta=beta, style="torch",
+                                                          dampening=dampening), **kw)
+
+
+def _scalar_run(o: OptimizerConfig, grads, learners=None, num_learners=1):
+    """theta after each update of a scalar parameter starting at 0 (one gradient each)."""
+    core = make_core(o, num_learners=num_learners)
+    state = core.init({"w": jnp.zeros(1, jnp.float32)})
+    out = []
+    for t, g in enumerate(grads):
+        k = 0 if learners is None else learners[t]
+        state = core.apply(state, {"w": jnp.full((1, 1), g, jnp.float32)},
+                           staleness=np.zeros(1, np.int32),
+                           learner_ids=np.array([k], np.int32), step=t)
+        out.append(float(state.params["w"][0]))
+    return out, state
+
+
+def test_dampening_first_step_by_hand():
+    """Gradient 1, lr 0.1, beta = d = 0.9 (issue's numbers): caffe's `dampened` dampens from
+    the first step, m = 0.1, 0.19, 0.271 times (1 - d): -0.01, -0.029, -0.0561; PyTorch
+    copies the first gradient into the buffer, m = 1, 1, 1: -0.1, -0.2, -0.3."""
+    caffe, _ = _scalar_run(opt(lr=0.1, kind="dampened", beta=0.9), [1.0] * 3)
+    np.testing.assert_allclose(caffe, [-0.01, -0.029, -0.0561], rtol=1e-6)
+    for o in (torch_opt(kind="dampened"), torch_opt(kind="heavy-ball", dampening=0.9)):
+        torch, _ = _scalar_run(o, [1.0] * 3)
+        np.testing.assert_allclose(torch, [-0.1, -0.2, -0.3], rtol=1e-6)
+
+
+def test_torch_heavy_ball_by_hand():
+    """No dampening: m = g1 = 2, then 0.5*2 + 1 = 2, then 0.5*2 + 4 = 5; theta -= 0.1 m."""
+    out, state = _scalar_run(torch_opt(beta=0.5), [2.0, 1.0, 4.0])
+    np.testing.assert_allclose(out, [-0.2, -0.4, -0.9], rtol=1e-6)
+    assert float(state.momentum["w"][0]) == 5.0 and bool(state.started)
+
+
+def test_torch_shifted_each_buffer_starts_as_a_copy():
+    """Learners 0, 1, 0 with d = 0.5: each learner's own first step is copied (1, then 2),
+    learner 0's second is dampened (0.5*1 + 0.5*3 = 2); theta -= 0.1 * buffer each time."""
+    out, state = _scalar_run(torch_opt(kind="shifted", beta=0.5, dampening=0.5),
+                             [1.0, 2.0, 3.0], learners=[0, 1, 0], num_learners=3)
+    np.testing.assert_allclose(out, [-0.1, -0.3, -0.5], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.momentum["w"][:, 0]), [2.0, 2.0, 0.0])
+    assert np.asarray(state.started).tolist() == [True, True, False]
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_torch_style_with_decay_is_optax_sgd(nesterov):
+    """Style torch is PyTorch's SGD: with a x0.1 decay at update 10 it follows optax.sgd
+    (rate outside the trace, buffer started at the first gradient) with the same piecewise
+    schedule; caffe style (rate inside) parts from it at the decay."""
+    params = tiny_params()
+    grads = _grad_sequence(params, 25, seed=3)
+    sched = ScheduleConfig(decay_epochs=(1.0,), decay_factor=0.1)
+    kind = "nesterov" if nesterov else "heavy-ball"
+    core = make_core(torch_opt(lr=0.05, kind=kind, schedule=sched), num_learners=1,
+                     updates_per_epoch=10)
+    ref = _run_optax(optax.sgd(optax.piecewise_constant_schedule(0.05, {10: 0.1}),
+                               momentum=0.9, nesterov=nesterov), params, grads)
+    _assert_trees(_run_core(core, params, grads), ref)
+    caffe = make_core(opt(lr=0.05, kind=kind, schedule=sched), num_learners=1,
+                      updates_per_epoch=10)
+    early = _run_core(caffe, params, grads[:10])
+    _assert_trees(early, _run_optax(optax.sgd(0.05, momentum=0.9, nesterov=nesterov), params,
+                                    grads[:10]))
+    diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+        jax.tree_util.tree_leaves(_run_core(caffe, params, grads)),
+        jax.tree_util.tree_leaves(ref), strict=True))
+    assert diff > 1e-3
+
+
+def test_torch_style_without_momentum_and_weight_decay_is_pytorch_sgd():
+    """PyTorch: d_p = g + wd p; p -= lr d_p (to rounding)."""
+    params = tiny_params()
+    grads = _grad_sequence(params, 15, seed=4)
+    core = make_core(torch_opt(kind="none", weight_decay=0.01), num_learners=1)
+    ref = _run_optax(optax.chain(optax.add_decayed_weights(0.01), optax.sgd(0.1)), params, grads)
+    _assert_trees(_run_core(core, params, grads), ref)
+
+
+def test_weight_decay_scope_weights_skips_rank_below_two():
+    """scope "weights": conv/dense kernels decay, biases and vectors do not (P2's official
+    ResNet decays conv and linear weights only)."""
+    params = tiny_params()  # conv1/w rank 1, conv1/b rank 0, fc/w rank 2
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    core = make_core(opt(lr=0.1, weight_decay=0.5, weight_decay_scope="weights"),
+                     num_learners=1)
+    state = core.apply(core.init(params), stack(zero), staleness=np.zeros(1, np.int32),
+                       learner_ids=np.zeros(1, np.int32), step=0)
+    _assert_trees(state.params["conv1"], params["conv1"], exact=True)
+    _assert_trees(state.params["fc"]["w"], params["fc"]["w"] * (1 - 0.05))
+
+
+def test_nominal_staleness_fixes_the_rate_from_the_first_update():
+    """lr_staleness "nominal": every gradient's rate is the rule at the protocol's delay
+    (P2's official eta_tau, set by hand), whatever its own staleness; "actual" uses each."""
+    o = OptimizerConfig(lr=0.2, lr_rule="stability-edge", lr_staleness="nominal")
+    core = make_core(o, num_learners=5, nominal_staleness=4)
+    state = core.init({"w": jnp.zeros(1, jnp.float32)})
+    for t, tau in enumerate([0, 1, 4]):
+        state = core.apply(state, {"w": jnp.ones((1, 1))}, staleness=np.array([tau], np.int32),
+                           learner_ids=np.array([t], np.int32), step=t)
+    eta4 = 0.2 * math.sin(math.pi / 18)
+    np.testing.assert_allclose(float(state.params["w"][0]), -3 * eta4, rtol=1e-6)
+    with pytest.raises(ValueError, match="nominal"):
+        make_core(o, num_learners=5)
+
+
+def test_torch_style_config_errors():
+    with pytest.raises(ValueError, match="shorthand"):
+        make_core(torch_opt(kind="dampened", dampening=0.5), num_learners=1)
+    with pytest.raises(ValueError, match="buffer"):
+        make_core(torch_opt(kind="none", dampening=0.5), num_learners=1)
+    with pytest.raises(ValueError, match="caffe, torch"):
+        make_core(OptimizerConfig(momentum=MomentumConfig(style="pytorch")), num_learners=1)

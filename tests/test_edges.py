@@ -178,3 +178,21 @@ def test_cli_stability_figure(tmp_path):
     assert main(["stability", "--tau", "0", "1", "2", "--momentum", "none", "shifted",
                  "--figure", str(png)]) == 0
     assert plt.imread(png).shape[:2] == (440, 605)  # 5.5 x 4 inches at 110 dpi
+
+
+@pytest.mark.parametrize(("kind", "tau"), [("heavy-ball", 1), ("heavy-ball", 4), ("shifted", 4)])
+def test_torch_style_with_dampening_has_the_dampened_edge(kind, tau):
+    """PyTorch's SGD (style torch: rate outside the buffer, first step copied) with dampening
+    d = 0.5 is stable up to the undampened edge / (1 - d): the first-step copy is a transient
+    and moves no root (stability.closed_form)."""
+    import dataclasses
+
+    from asyncsim.stability.measured import edges_of_traces
+
+    scn = quadratic_scenario(tau, kind, 0.9)
+    mom = dataclasses.replace(scn.optimizer.momentum, style="torch", dampening=0.5)
+    scn = dataclasses.replace(scn, optimizer=dataclasses.replace(scn.optimizer, momentum=mom))
+    measured = float(edges_of_traces(scn, [simulate(scn)])[0])
+    expected = edge(tau, kind, 0.9, dampening=0.5)
+    assert expected == pytest.approx(edge(tau, kind, 0.9) * 2)
+    assert measured == pytest.approx(expected, rel=2e-3)

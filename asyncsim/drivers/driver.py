@@ -104,9 +104,11 @@ class RunResult:
 
 def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
     """``scn``'s :class:`Numerics`, told the protocol's gradients per update (a timing fact
-    that epoch-based schedules need)."""
+    that epoch-based schedules need) and its nominal delay (for ``lr_staleness =
+    "nominal"``)."""
     proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
-    return Numerics(scn, grads_per_update=1.0 / proto.updates_per_gradient(), **kw)
+    return Numerics(scn, grads_per_update=1.0 / proto.updates_per_gradient(),
+                    nominal_staleness=proto.nominal_staleness(), **kw)
 
 
 def message_bytes(scn: Scenario) -> int | None:

@@ -45,7 +45,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asyncsim.config import MOMENTUM_KINDS, OptimizerConfig, check_momentum_kind
+from asyncsim.config import (
+    LR_STALENESS,
+    MOMENTUM_KINDS,
+    MOMENTUM_STYLES,
+    NOMINAL_NEEDS,
+    WEIGHT_DECAY_SCOPES,
+    OptimizerConfig,
+    check_choice,
+    check_dampening,
+    check_momentum_kind,
+)
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.lr_rules import (  # noqa: F401  (re-exported: the core's rules)
     LrRule,
@@ -58,10 +68,10 @@ PyTree = Any
 
 __all__ = [
     "MOMENTUM_KINDS",
+    "MOMENTUM_STYLES",
     "check_momentum_kind",
     "CoreState",
     "UpdateCore",
-    "MOMENTUM_KINDS",
     "make_core",
     "register_lr_rule",
     "available_lr_rules",
@@ -77,13 +87,17 @@ class CoreState(NamedTuple):
         params: the master weights.
         momentum: ``()`` for kind ``"none"``; one buffer shaped like ``params`` for
             ``"heavy-ball"``, ``"dampened"`` and ``"nesterov"``; for ``"shifted"`` one buffer
-            per learner, i.e. every leaf has a leading axis ``num_learners``. Buffers hold
-            rate-scaled steps (the rate is inside the momentum, Caffe / P1 style).
+            per learner, i.e. every leaf has a leading axis ``num_learners``. Under style
+            ``"caffe"`` buffers hold rate-scaled steps (the rate is inside the momentum, P1's
+            framework); under ``"torch"`` they hold gradients (PyTorch's ``momentum_buffer``).
         stale_sum: float32 scalar, the sum of the staleness of every gradient applied so far
             (for ``inverse-mean-staleness``).
         grad_count: float32 scalar, the number of gradients applied so far (padding excluded).
         hyper: float32 scalars ``{"lr", "beta", "weight_decay"}``. They live in the state,
             like ``optax.inject_hyperparams``, so a sweep can ``vmap`` over them.
+        started: ``()`` except under style ``"torch"`` with a buffer: bool, whether the
+            buffer has taken its first step (PyTorch starts a buffer as a copy of the first
+            gradient) -- a scalar, or ``[num_learners]`` for ``"shifted"``.
     """
 
     params: PyTree
@@ -91,6 +105,7 @@ class CoreState(NamedTuple):
     stale_sum: jax.Array
     grad_count: jax.Array
     hyper: dict[str, jax.Array]
+    started: jax.Array | tuple = ()
 
 
 class UpdateCore(NamedTuple):
@@ -176,10 +191,13 @@ def _prefix_matches(prefix: str, path: str) -> bool:
     return prefix == "" or path == prefix or path.startswith(prefix + "/")
 
 
-def _wd_multipliers(params: PyTree, mult: dict[str, float]) -> PyTree:
-    """A pytree of Python floats: the weight-decay multiplier of each leaf (longest prefix)."""
+def _wd_multipliers(params: PyTree, mult: dict[str, float], scope: str = "all") -> PyTree:
+    """A pytree of Python floats: the weight-decay multiplier of each leaf (longest prefix);
+    0 for the leaves of rank < 2 under scope ``"weights"`` (biases, normalisation scales)."""
 
-    def one(path, _leaf):
+    def one(path, leaf):
+        if scope == "weights" and jnp.ndim(leaf) < 2:
+            return 0.0
         p = _path_str(path)
         best = max(
             (k for k in mult if _prefix_matches(k, p)),
@@ -193,24 +211,28 @@ def _wd_multipliers(params: PyTree, mult: dict[str, float]) -> PyTree:
 
 # ----------------------------------------------------------------------------- the core
 def make_core(
-    opt: OptimizerConfig, *, num_learners: int, updates_per_epoch: float | None = None
+    opt: OptimizerConfig, *, num_learners: int, updates_per_epoch: float | None = None,
+    nominal_staleness: float | None = None,
 ) -> UpdateCore:
     """Build the PS update core for an optimizer configuration.
 
     Args:
-        opt: learning rate alpha0, rule, momentum, weight decay (with per-prefix multipliers)
-            and schedule.
+        opt: learning rate alpha0, rule, momentum (kind, beta, style, dampening), weight
+            decay (with per-prefix multipliers and a scope) and schedule.
         num_learners: lambda; the size of the leading axis of shifted momentum's buffers.
             ``learner_ids`` passed to ``apply`` must lie in ``[0, num_learners)``.
         updates_per_epoch: PS updates per epoch, needed only by epoch-based schedules.
+        nominal_staleness: the protocol's nominal delay (``Protocol.nominal_staleness``),
+            needed only by ``opt.lr_staleness = "nominal"``.
 
     Returns:
         An :class:`UpdateCore` ``(init, apply)``.
 
     Raises:
         ValueError (a :class:`~asyncsim.errors.ScenarioError` where a config key is at
-        fault): unknown rule or momentum kind, epoch-based schedule without
-        ``updates_per_epoch``, both warm-up settings given, ``num_learners < 1``.
+        fault): unknown rule, momentum kind, style or scope, a dampening that does not fit
+        the kind, epoch-based schedule without ``updates_per_epoch``, both warm-up settings
+        given, ``"nominal"`` staleness without a nominal delay, ``num_learners < 1``.
 
     The semantics of one ``apply(state, grads, *, staleness, learner_ids, step, mask)``:
 
@@ -226,35 +248,68 @@ def make_core(
 
     1. Running mean staleness (companion paper 1509.04210): ``<tau> = (stale_sum + sum_l
        tau_l) / (grad_count + c)``, i.e. including this update's gradients.
-    2. Rates: ``alpha_l = schedule(step) * rule(alpha0, tau_l, <tau>)``; schedule(step) =
-       ``decay_factor ** #{e in decay_epochs : step / updates_per_epoch >= e}`` times the
-       warm-up ramp ``min((step + 1) / W, 1)``.
-    3. Aggregation, P1 Sec. 3 (n-softsync): ``d = (1/c) sum_l alpha_l (g_l + wd_p theta)``
-       with theta the fresh master weights and ``wd_p = weight_decay * mult(p)``.
-    4. Momentum, beta = ``hyper["beta"]`` (P2 Sec. 4 for the delayed variants):
+    2. Rates: the rule sees each gradient's staleness tau_l and <tau> (``lr_staleness =
+       "actual"``) or the protocol's nominal delay for both (``"nominal"``: a rate constant
+       from the first update, as P2's official regimes set eta_tau by hand).
+       ``sched(step) = decay_factor ** #{e in decay_epochs : step / updates_per_epoch >= e}``
+       times the warm-up ramp ``min((step + 1) / W, 1)``.
+    3. Weight decay ``wd_p = weight_decay * mult(p)`` on the fresh master weights theta; 0
+       on the parameters of rank < 2 under ``weight_decay_scope = "weights"``.
+    4. Momentum, beta = ``hyper["beta"]``, dampening ``dmp`` (``momentum.dampening``, 0 by
+       default; beta for kind ``"dampened"``, its shorthand). P2 Sec. 4 for the delayed
+       variants.
+
+       Style ``"caffe"`` (the default; P1's framework): the rate is inside the buffer.
+       ``alpha_l = sched(step) * rule(alpha0, tau_l, <tau>)``, P1 Sec. 3's n-softsync
+       aggregate ``d = (1/c) sum_l alpha_l (g_l + wd_p theta)``, and
 
        - ``none``:       theta <- theta - d
-       - ``heavy-ball``: m <- beta m + d;           theta <- theta - m
-       - ``dampened``:   m <- beta m + (1 - beta) d; theta <- theta - m  (PyTorch's
-         dampening=beta from the first step on; PyTorch copies the first gradient)
-       - ``nesterov``:   m <- beta m + d;           theta <- theta - (d + beta m)
-       - ``shifted``:    per gradient l, in slot order, m_{k_l} <- beta m_{k_l} + d_l with
-         ``d_l = (1/c) alpha_l (g_l + wd_p theta)``; then theta <- theta - sum_l m_{k_l}
-         (each slot contributing its learner's buffer as it stood after that slot). With
-         P2's round robin (N = tau + 1 workers, c = 1) this is P2's shifted momentum
+       - ``heavy-ball``: m <- beta m + (1 - dmp) d;  theta <- theta - m
+       - ``dampened``:   m <- beta m + (1 - beta) d; theta <- theta - m (dampened from the
+         first step on)
+       - ``nesterov``:   m <- beta m + (1 - dmp) d;  theta <- theta - (d + beta m)
+       - ``shifted``:    per gradient l, in slot order, m_{k_l} <- beta m_{k_l} + (1 - dmp)
+         d_l with ``d_l = (1/c) alpha_l (g_l + wd_p theta)``; then theta <- theta - sum_l
+         m_{k_l} (each slot contributing its learner's buffer as it stood after that slot).
+         With P2's round robin (N = tau + 1 workers, c = 1) this is P2's shifted momentum
          ``w_{t+1} = w_t - eta grad L(w_{t-tau}) + beta (w_{t-tau} - w_{t-tau-1})``.
 
-    With a constant rate, rate-inside heavy ball equals PyTorch's/optax's rate-outside form.
+       Style ``"torch"`` (PyTorch's ``torch.optim.SGD``, which P2's official code steps):
+       the rate ``eta_t = sched(step) * alpha0`` is outside the buffer, each gradient is
+       weighted by the rule at rate 1, ``s_l = rule(1, tau_l, <tau>)``, so ``g = (1/c) sum_l
+       s_l (g_l + wd_p theta)`` (the mean gradient plus ``wd_p theta`` for the constant
+       rule), and a buffer starts as a copy of its first step:
+
+       - ``none``:       theta <- theta - eta_t g
+       - ``heavy-ball`` / ``dampened``: m <- g on the buffer's first update, else
+         m <- beta m + (1 - dmp) g; theta <- theta - eta_t m
+       - ``nesterov``:   m as heavy ball; theta <- theta - eta_t (g + beta m)
+       - ``shifted``:    per gradient l, in slot order, learner k_l's own buffer as heavy
+         ball (each learner's buffer starts as a copy of its own first step, as the official
+         MSGD server's per-worker buffers do); theta <- theta - eta_t sum_l m_{k_l}.
+
+    With a constant rate and no dampening, the two styles are the same dynamics (m_caffe =
+    eta m_torch): they differ in rounding, in the first step of a dampened buffer, and once
+    the rate changes (a decay moves the whole buffer under caffe, only new steps under torch).
     """
     # Why this is long: init and apply are closures over the one configuration (rule,
-    # schedule, weight-decay multipliers, momentum kind), as optax builds its transforms;
-    # the arithmetic of each momentum kind lives in _plain and _shifted.
+    # schedule, weight-decay multipliers, momentum kind and style), as optax builds its
+    # transforms; the arithmetic of each momentum kind lives in _plain and _shifted.
     kind = check_momentum_kind(opt.momentum.kind)
+    style = check_choice("optimizer.momentum.style", opt.momentum.style or "caffe", MOMENTUM_STYLES)
+    staleness_from = check_choice("optimizer.lr_staleness", opt.lr_staleness or "actual",
+                             LR_STALENESS)
+    scope = check_choice("optimizer.weight_decay_scope", opt.weight_decay_scope or "all",
+                    WEIGHT_DECAY_SCOPES)
+    damp = check_dampening(opt.momentum)
     if num_learners < 1:
         raise ValueError(f"num_learners must be >= 1, got {num_learners!r}")
+    if staleness_from == "nominal" and nominal_staleness is None:
+        raise ScenarioError("optimizer.lr_staleness", NOMINAL_NEEDS)
     rule = get_lr_rule(opt.lr_rule)
     schedule = _make_schedule(opt, updates_per_epoch)
     wd_mult = dict(opt.weight_decay_mult)
+    torch_style = style == "torch"
 
     def init(params, *, lr=None, beta=None, weight_decay=None) -> CoreState:
         """The initial state: zero momentum, zero staleness statistics.
@@ -269,14 +324,19 @@ def make_core(
                     f"optimizer.weight_decay_mult.{prefix}",
                     f"matches no parameter; parameters: {', '.join(paths)}",
                 )
+        started: jax.Array | tuple = ()
         if kind == "none":
             momentum: PyTree | tuple = ()
         elif kind == "shifted":
             momentum = jax.tree_util.tree_map(
                 lambda p: jnp.zeros((num_learners, *jnp.shape(p)), jnp.result_type(p)), params
             )
+            if torch_style:
+                started = jnp.zeros((num_learners,), bool)
         else:
             momentum = jax.tree_util.tree_map(jnp.zeros_like, params)
+            if torch_style:
+                started = jnp.zeros((), bool)
 
         def f32(x, default):
             return jnp.asarray(default if x is None else x, jnp.float32)
@@ -291,6 +351,7 @@ def make_core(
                 "beta": f32(beta, opt.momentum.beta),
                 "weight_decay": f32(weight_decay, opt.weight_decay),
             },
+            started=started,
         )
 
     def apply(state: CoreState, grads, *, staleness, learner_ids, step, mask=None) -> CoreState:
@@ -322,11 +383,21 @@ def make_core(
         stale_sum = state.stale_sum + tau_sum
         grad_count = state.grad_count + n_valid
         mean_tau = stale_sum / jnp.maximum(grad_count, 1.0)
+        if staleness_from == "nominal":
+            tau = jnp.full((c,), nominal_staleness, jnp.float32)
+            mean_tau = jnp.float32(nominal_staleness)
 
         hyper = state.hyper
-        rates = jnp.broadcast_to(jnp.asarray(rule(hyper["lr"], tau, mean_tau), jnp.float32), (c,))
+        # caffe: the rule gives each gradient its rate; torch: its weight at rate 1, the
+        # rate multiplying the buffer's step.
+        rule_lr = jnp.float32(1.0) if torch_style else hyper["lr"]
+        rates = jnp.broadcast_to(jnp.asarray(rule(rule_lr, tau, mean_tau), jnp.float32), (c,))
+        eta = hyper["lr"] if torch_style else None
         if schedule is not None:
-            rates = schedule(step) * rates
+            if torch_style:
+                eta = schedule(step) * eta
+            else:
+                rates = schedule(step) * rates
         # w_l = alpha_l / c. Without a mask c is static, and for c = 1 this is exact, which
         # makes one learner at tau = 0 bit-identical to optax.sgd.
         weights = rates / (c if valid is None else jnp.maximum(n_valid, 1.0))
@@ -334,23 +405,26 @@ def make_core(
             weights = jnp.where(valid, weights, 0.0)
 
         params = state.params
-        mult = _wd_multipliers(params, wd_mult)
+        mult = _wd_multipliers(params, wd_mult, scope)
         wd = hyper["weight_decay"]
         beta = hyper["beta"]
+        fresh = _Damp(beta if damp == "beta" else damp)
 
         if kind == "shifted":
-            new_params, momentum = _shifted(
-                params, state.momentum, grads, weights, learner_ids, valid, mult, wd, beta
-            )
+            new_params, momentum, started = _shifted(
+                params, state.momentum, grads, weights, learner_ids, valid, mult, wd, beta,
+                fresh, state.started, eta)
         else:
-            new_params, momentum = _plain(kind, params, state.momentum, grads, weights, mult,
-                                          wd, beta)
+            new_params, momentum, started = _plain(
+                kind, params, state.momentum, grads, weights, mult, wd, beta, fresh,
+                state.started, eta)
 
         if valid is not None:
             # An all-padding update is a no-op (momentum must not decay on an empty update).
             any_valid = n_valid > 0
             new_params = tm(lambda n, o: jnp.where(any_valid, n, o), new_params, params)
             momentum = tm(lambda n, o: jnp.where(any_valid, n, o), momentum, state.momentum)
+            started = tm(lambda n, o: jnp.where(any_valid, n, o), started, state.started)
 
         return CoreState(
             params=new_params,
@@ -358,9 +432,22 @@ def make_core(
             stale_sum=stale_sum,
             grad_count=grad_count,
             hyper=hyper,
+            started=started,
         )
 
     return UpdateCore(init=init, apply=apply)
+
+
+class _Damp:
+    """The fresh part of a buffer's step: x without dampening, (1 - d) x with it (d static
+    or the traced beta). Without dampening the step is x itself, so the arithmetic, and
+    every hash, is the one before dampening existed."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def __call__(self, x):
+        return x if self.d is None else (1.0 - self.d) * x
 
 
 def _bcast(v: jax.Array, like: jax.Array) -> jax.Array:
@@ -372,8 +459,9 @@ def _cast(x, p):
     return x.astype(jnp.result_type(p))
 
 
-def _plain(kind, params, buffers, grads, weights, mult, wd, beta):
-    """Every momentum kind but shifted: one aggregate step d, then the kind's buffer."""
+def _plain(kind, params, buffers, grads, weights, mult, wd, beta, fresh, started, eta):
+    """Every momentum kind but shifted: one aggregate step d, then the kind's buffer.
+    ``eta`` is None under style caffe (the rates are in ``weights``), the rate under torch."""
     tm = jax.tree_util.tree_map
     cast = _cast
     c = weights.shape[0]
@@ -392,55 +480,78 @@ def _plain(kind, params, buffers, grads, weights, mult, wd, beta):
     if kind == "none":
         momentum = ()
         step_ = d
-    elif kind == "heavy-ball":
-        momentum = tm(lambda m, x: cast(beta * m + x, m), buffers, d)
-        step_ = momentum
-    elif kind == "dampened":
-        momentum = tm(lambda m, x: cast(beta * m + (1.0 - beta) * x, m), buffers, d)
-        step_ = momentum
-    else:  # nesterov
-        momentum = tm(lambda m, x: cast(beta * m + x, m), buffers, d)
+    elif eta is not None:  # torch: the buffer starts as a copy of its first step
+        momentum = tm(lambda m, x: cast(jnp.where(started, beta * m + fresh(x), x), m),
+                      buffers, d)
+        step_ = (tm(lambda x, m: cast(x + beta * m, m), d, momentum) if kind == "nesterov"
+                 else momentum)
+        started = jnp.ones((), bool)
+    elif kind == "nesterov":
+        momentum = tm(lambda m, x: cast(beta * m + fresh(x), m), buffers, d)
         step_ = tm(lambda x, m: cast(x + beta * m, m), d, momentum)
-    return tm(lambda p, s: cast(p - s, p), params, step_), momentum
+    else:  # heavy-ball, dampened
+        momentum = tm(lambda m, x: cast(beta * m + fresh(x), m), buffers, d)
+        step_ = momentum
+    if eta is not None:
+        return tm(lambda p, s: cast(p - eta * s, p), params, step_), momentum, started
+    return tm(lambda p, s: cast(p - s, p), params, step_), momentum, started
 
 
-def _shifted(params, buffers, grads, weights, learner_ids, valid, mult, wd, beta):
+def _shifted(params, buffers, grads, weights, learner_ids, valid, mult, wd, beta, fresh,
+             started, eta):
     """P2's shifted momentum: one buffer per learner, gradients applied in slot order.
 
     Slots are processed sequentially so that a learner appearing twice in one update sees
     its own first gradient in its buffer before the second, exactly as two c-slot-weighted
-    single updates would.
+    single updates would. Under style torch (``eta`` not None) each learner's buffer starts
+    as a copy of its own first step, ``started`` [num_learners] saying which have.
     """
     tm = jax.tree_util.tree_map
     # The decay term wd_p * theta uses the fresh theta at the start of the update (P1/P2).
     decay = tm(lambda p, k: (wd * k) * p, params, mult)
     c = weights.shape[0]
     valid = jnp.ones((c,), bool) if valid is None else valid
+    torch_style = eta is not None
 
     def slot(carry, xs):
-        bufs, acc = carry
+        bufs, acc, on = carry
         w_l, k_l, ok, g_l = xs
         old = tm(lambda b: b[k_l], bufs)
+        if torch_style:
+            was = on[k_l]
+
+            def step_of(b, x):
+                return jnp.where(was, beta * b + fresh(x), x)
+
+            on = on.at[k_l].set(was | ok)
+        else:
+            def step_of(b, x):
+                return beta * b + fresh(x)
+
         new = tm(
-            lambda b, g, dc: jnp.where(ok, (beta * b + w_l * (g + dc)).astype(b.dtype), b),
+            lambda b, g, dc: jnp.where(ok, step_of(b, w_l * (g + dc)).astype(b.dtype), b),
             old,
             g_l,
             decay,
         )
         bufs = tm(lambda b, n: b.at[k_l].set(n), bufs, new)
         acc = tm(lambda a, n: a + jnp.where(ok, n, jnp.zeros((), n.dtype)), acc, new)
-        return (bufs, acc), None
+        return (bufs, acc, on), None
 
     acc0 = tm(jnp.zeros_like, params)
     if c == 1:
         # No loop for plain async (the common case): same arithmetic as one scan step.
-        (bufs, acc), _ = slot(
-            (buffers, acc0), (weights[0], learner_ids[0], valid[0], tm(lambda g: g[0], grads))
-        )
+        (bufs, acc, started), _ = slot(
+            (buffers, acc0, started),
+            (weights[0], learner_ids[0], valid[0], tm(lambda g: g[0], grads)))
     else:
-        (bufs, acc), _ = jax.lax.scan(slot, (buffers, acc0), (weights, learner_ids, valid, grads))
-    new_params = tm(lambda p, a: (p - a).astype(jnp.result_type(p)), params, acc)
-    return new_params, bufs
+        (bufs, acc, started), _ = jax.lax.scan(
+            slot, (buffers, acc0, started), (weights, learner_ids, valid, grads))
+    if torch_style:
+        new_params = tm(lambda p, a: (p - eta * a).astype(jnp.result_type(p)), params, acc)
+    else:
+        new_params = tm(lambda p, a: (p - a).astype(jnp.result_type(p)), params, acc)
+    return new_params, bufs, started
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -175,11 +175,14 @@ class Numerics:
         grads_per_update: gradients per PS update (the protocol's c, a timing fact the
             drivers pass: :func:`asyncsim.drivers.driver.numerics_for`); needed only by
             epoch-based schedules, which convert epochs to updates with it.
+        nominal_staleness: the protocol's nominal delay (a timing fact too); needed only by
+            ``optimizer.lr_staleness = "nominal"``.
         model, dataset: reuse already-built ones (sweeps share the data set).
     """
 
     def __init__(self, scn: Scenario, *, grouping: str = "auto",
                  grads_per_update: float | None = None,
+                 nominal_staleness: float | None = None,
                  model: Model | None = None, dataset: Dataset | None = None):
         self.scn = scn
         shared = _shared(scn) if model is None and dataset is None else None
@@ -195,7 +198,8 @@ class Numerics:
         self.upe = (None if grads_per_update is None
                     else self.n_train / (self.mu * grads_per_update))
         self.core = make_core(scn.optimizer, num_learners=scn.cluster.learners,
-                              updates_per_epoch=self.upe)
+                              updates_per_epoch=self.upe,
+                              nominal_staleness=nominal_staleness)
         self.grouping = _default_grouping() if grouping == "auto" else grouping
         if self.grouping not in ("none", "version"):
             raise ValueError(f"grouping must be none, version or auto, got {grouping!r}")

@@ -22,9 +22,17 @@ Derivations (one line each):
 
       z^τ (z − 1)(z − β) + x z = 0                                  (P2, heavy ball)
 
-* ``"dampened"`` — ``m_{t+1} = β m_t + (1 − β) λ w_{t−τ}`` (PyTorch's ``dampening=β``
-  except at the first step, where PyTorch copies the gradient undampened), i.e. the
-  heavy-ball polynomial with ``x → x (1 − β)``, so its edge is ``edge_hb / (1 − β)``.
+* ``"dampened"`` — ``m_{t+1} = β m_t + (1 − β) λ w_{t−τ}`` (PyTorch's ``dampening=β``),
+  i.e. the heavy-ball polynomial with ``x → x (1 − β)``, so its edge is
+  ``edge_hb / (1 − β)``. Any dampening ``d`` of heavy ball or shifted momentum
+  (``optimizer.momentum.dampening``) likewise scales the fresh step by ``1 − d``: the edge
+  is the undampened one ``/ (1 − d)`` (:func:`edge`'s ``dampening``). Nesterov takes none.
+
+Both styles of the update core are these recurrences. At a constant rate the caffe form
+(rate inside the buffer, ``m ← βm + ηg``) and the torch form (``m ← βm + g``, step ``ηm``)
+are the same dynamics (``m_caffe = η m_torch``), and PyTorch's first step, which copies the
+gradient into the buffer undampened, is a transient of the initial condition: neither moves
+a root, so every edge here holds for both styles.
 
 * ``"shifted"`` — ``w_{t+1} = w_t − x w_{t−τ} + β (w_{t−τ} − w_{t−τ−1})``; multiply by
   ``z^{τ+1−t}``: ``z^{τ+2} − z^{τ+1} + x z − β z + β = 0``, i.e.::
@@ -260,13 +268,16 @@ def _nesterov_edge(tau: np.ndarray, beta: np.ndarray) -> np.ndarray:
     return out
 
 
-def edge(tau, momentum: str = "none", beta=0.0):
+def edge(tau, momentum: str = "none", beta=0.0, *, dampening: float = 0.0):
     """Largest stable ``η·λ`` at constant delay τ: sup of ``x`` with spectral radius < 1 on (0, x).
 
     Args:
         tau: delay(s) τ ≥ 0, integer scalar or array.
         momentum: one of :data:`MOMENTUM_KINDS`.
         beta: momentum coefficient(s), ``|β| < 1``; broadcast against ``tau``.
+        dampening: PyTorch's dampening ``d`` in [0, 1) of heavy ball or shifted momentum
+            (``optimizer.momentum.dampening``): the edge ``/ (1 − d)``. ``"dampened"`` is
+            ``d = β`` already; Nesterov and plain SGD take none.
 
     Returns:
         The edge in units of the raw rate ``η`` times λ (float for scalar inputs, else an array
@@ -279,6 +290,11 @@ def edge(tau, momentum: str = "none", beta=0.0):
     tau_b, beta_b = np.broadcast_arrays(np.asarray(tau, dtype=float),
                                         np.asarray(beta, dtype=float))
     _check_tau_beta(tau_b, beta_b)
+    if dampening:
+        if momentum not in ("heavy-ball", "shifted") or not 0.0 < dampening < 1.0:
+            raise ValueError(f"dampening must be in [0, 1), of heavy-ball or shifted momentum; "
+                             f"got {dampening!r} with {momentum!r}")
+        return edge(tau, momentum, beta) / (1.0 - dampening)
     if momentum == "none":
         out = 2.0 * np.sin(np.pi / (4.0 * tau_b + 2.0))
     elif momentum == "nesterov":

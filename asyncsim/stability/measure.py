@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from asyncsim import _io
-from asyncsim.config import MomentumConfig, Scenario, to_dict
+from asyncsim.config import Scenario, to_dict
 from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.trace_only import simulate
@@ -184,15 +184,19 @@ def sweep_edges(out: Path, points: Sequence[Mapping[str, Any]]) -> Path:
     for members in groups.values():
         big = max(members, key=lambda m: m[1].protocol.tau)[1]
         kinds = big.measure.edge_momenta or (big.optimizer.momentum.kind,)
+        own = big.optimizer.momentum
         for kind in kinds:
-            beta = 0.0 if kind == "none" else big.optimizer.momentum.beta
-            opt = dataclasses.replace(big.optimizer, momentum=MomentumConfig(kind=kind,
-                                                                             beta=beta))
+            beta = 0.0 if kind == "none" else own.beta
+            # The scenario's style and (for its own kind) dampening carry over; the edge of
+            # a dampened buffer is the undampened one / (1 - d).
+            damp = own.dampening if kind == own.kind else None
+            opt = dataclasses.replace(big.optimizer, momentum=dataclasses.replace(
+                own, kind=kind, beta=beta, dampening=damp))
             measured = edges_of_traces(dataclasses.replace(big, optimizer=opt),
                                        [t for _, _, t in members])
             for (point, scn, trace), x in zip(members, measured, strict=True):
                 tau = int(scn.protocol.tau)
-                closed = float(edge(tau, kind, beta))
+                closed = float(edge(tau, kind, beta, dampening=damp or 0.0))
                 rows.append({"point": point, "tau": tau, "schedule": scn.protocol.schedule,
                              "momentum": kind, "beta": beta, "measured": float(x),
                              "closed_form": closed,

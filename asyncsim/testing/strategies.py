@@ -237,8 +237,8 @@ def _protocol_dict(draw: st.DrawFn, learners: int, kinds: tuple[str, ...]) -> di
         d["s"] = draw(st.integers(0, 5))
     elif kind == "fixed-delay":
         d["tau"] = learners - 1
-        d["schedule"] = draw(st.sampled_from(["round-robin", "random", "normal"]))
-        if d["schedule"] == "normal":
+        d["schedule"] = draw(st.sampled_from(["round-robin", "random", "normal", "race"]))
+        if d["schedule"] == "race":
             d["cv"] = draw(_fraction(0.01, 0.5))
     return d
 

@@ -15,9 +15,10 @@ it runs unchanged in trace-only, online and real (Ray) runs. Built-ins (P1, P2, 
     P2's simulation of delay with N = τ+1 workers on one device: each step one worker applies
     the gradient it computed on the copy it last pulled, then pulls the new version.
     ``round-robin`` gives staleness exactly τ after the first τ updates; ``random`` picks a
-    uniformly random worker each step (geometric staleness); ``normal`` lets the workers race
-    with normal step times (mean 1, coefficient of variation ``cv``), which concentrates the
-    delays near N − 1.
+    uniformly random worker each step (geometric staleness); ``normal`` is P2's official
+    draw, worker k with probability ∝ Φ((s_k − loc)/scale) (``loc``, ``scale``: N and N/4);
+    ``race`` (not P2's) lets the workers race with normal step times (mean 1, coefficient of
+    variation ``cv``), which concentrates the delays near N − 1.
 ``ssp`` (``s``)
     Stale synchronous parallel (Ho et al., NIPS 2013): each gradient is applied on arrival,
     but a learner whose clock (its number of pushed gradients) leads the slowest learner's by
@@ -30,6 +31,9 @@ through the entry-point group ``asyncsim.protocols``.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
@@ -108,6 +112,12 @@ class Protocol:
         """Expected updates per gradient (used to convert run lengths and epochs)."""
         return 1.0
 
+    def nominal_staleness(self) -> float | None:
+        """The delay this protocol is named for, or None where it has none: the staleness
+        ``optimizer.lr_staleness = "nominal"`` gives every gradient's rate (P2's official
+        regimes set eta_tau from the nominal delay, by hand)."""
+        return None
+
     def start(self, sim: Simulation) -> None:
         """Start the SimPy processes. Default: every learner runs the pull/compute/push loop."""
         for learner in range(self.learners):
@@ -137,6 +147,11 @@ class Protocol:
 
 @register_protocol("async")
 class Async(Protocol):
+    def nominal_staleness(self):
+        # Little's law: with every learner always computing, a gradient's staleness is the
+        # number of the other learners' gradients applied meanwhile, lambda - 1 on average.
+        return float(self.learners - 1)
+
     def on_arrival(self, sim, grad):
         sim.apply_update((grad,))
 
@@ -184,6 +199,9 @@ class Hardsync(Protocol):
 
     def updates_per_gradient(self):
         return 1.0 / self.learners
+
+    def nominal_staleness(self):
+        return 0.0
 
     def may_pull(self, sim, learner, batch):
         # A learner's batch-th pull needs the version produced by the (batch-1)-th round
@@ -272,9 +290,22 @@ class SSP(Protocol):
 
 @register_protocol("fixed-delay")
 class FixedDelay(Protocol):
+    """P2's one-device simulation of delay (``trainer.py`` of P2's official code,
+    ``_schedule_worker``): N = tau + 1 workers, one step at a time; each step the scheduled
+    worker applies the gradient it computed on the copy it pulled after its own last push.
+
+    Schedules: ``round-robin`` (worker ``step % N``: staleness exactly tau after the first
+    tau steps); ``random`` (a uniformly random worker); ``normal`` (P2's official draw:
+    worker k with probability proportional to ``Phi((s_k - loc) / scale)``, s_k the updates
+    since k last pushed, ``loc = N`` and ``scale = N / 4`` by default, as
+    ``norm.cdf(staleness, loc=W, scale=W/4)``); ``race`` (not P2's: the workers race with
+    normal step times, mean 1 and spread ``cv``, i.e. plain async timing, which
+    concentrates the delays near N - 1).
+    """
+
     params = ("tau",)
     required = ("tau",)
-    SCHEDULES = ("round-robin", "random", "normal")
+    SCHEDULES = ("round-robin", "random", "normal", "race")
 
     @classmethod
     def check(cls, cfg, learners):
@@ -290,10 +321,25 @@ class FixedDelay(Protocol):
                                 f"{did_you_mean(cfg.schedule, cls.SCHEDULES)}")
         if not cfg.cv >= 0:
             raise ScenarioError("protocol.cv", f"must be >= 0, got {cfg.cv}")
+        if cfg.cv != ProtocolConfig.cv and cfg.schedule != "race":
+            raise ScenarioError("protocol.cv", f"is read by the \"race\" schedule only; "
+                                f"this schedule is {cfg.schedule!r}")
+        for key in ("loc", "scale"):
+            value = getattr(cfg, key)
+            if value is None:
+                continue
+            if cfg.schedule != "normal":
+                raise ScenarioError(f"protocol.{key}", f"is read by the \"normal\" schedule "
+                                    f"only; this schedule is {cfg.schedule!r}")
+            if not math.isfinite(value) or (key == "scale" and not value > 0):
+                raise ScenarioError(f"protocol.{key}", "must be a finite number"
+                                    + (" > 0" if key == "scale" else "") + f", got {value}")
+
+    def nominal_staleness(self):
+        return float(self.cfg.tau)
 
     def start(self, sim):
-        if self.cfg.schedule == "normal":
-            # A race of workers with normal step times: plain async timing.
+        if self.cfg.schedule == "race":
             for learner in range(self.learners):
                 sim.env.process(sim.learner_loop(learner, compute=sim.normal_steps(learner)))
         else:
@@ -303,7 +349,7 @@ class FixedDelay(Protocol):
         sim.apply_update((grad,))
 
     def _serial(self, sim):
-        """P2's one-device simulation: one worker steps at a time (round robin or random)."""
+        """P2's one-device simulation: one worker steps at a time."""
         n = self.learners
         env = sim.env
         reads = [0] * n
@@ -312,9 +358,16 @@ class FixedDelay(Protocol):
         for k in range(n):
             sim.note_pull(k, 0)
         rng = sim.schedule_rng()
+        schedule = self.cfg.schedule
+        pick = self._normal_draw(n) if schedule == "normal" else None
         step = 0
         while True:
-            k = step % n if self.cfg.schedule == "round-robin" else int(rng.integers(n))
+            if schedule == "round-robin":
+                k = step % n
+            elif pick is None:
+                k = int(rng.integers(n))
+            else:
+                k = pick(rng, [sim.version - r for r in reads])
             yield env.timeout(sim.compute_time(k))
             now = env.now
             sim.apply_update(((k, batches[k], reads[k], pulled[k], now, now),))
@@ -323,3 +376,22 @@ class FixedDelay(Protocol):
             pulled[k] = now
             sim.note_pull(k, sim.version)
             step += 1
+
+    def _normal_draw(self, n):
+        """P2's ``normal`` draw: ``pick(rng, staleness) -> worker`` with probability
+        proportional to Phi((s_k - loc) / scale), by one uniform draw against the cumulative
+        weights (float64, in worker order; uniform if every weight underflows to 0)."""
+        loc = float(n) if self.cfg.loc is None else float(self.cfg.loc)
+        scale = n / 4.0 if self.cfg.scale is None else float(self.cfg.scale)
+        root2 = math.sqrt(2.0)
+
+        def pick(rng, staleness):
+            # Phi(x) = erfc(-x / sqrt 2) / 2, accurate in both tails.
+            cum = list(itertools.accumulate(
+                0.5 * math.erfc((loc - s) / (scale * root2)) for s in staleness))
+            total = cum[-1]
+            if not total > 0:
+                return int(rng.integers(n))
+            return min(bisect.bisect_right(cum, rng.random() * total), n - 1)
+
+        return pick
