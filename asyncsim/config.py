@@ -202,6 +202,10 @@ class RunConfig:
     sim_time: float | None = None
     eval_every: int = 0  # evaluate every K updates (0 = only at the end)
     eval_samples: int | None = None  # test samples per evaluation (None = the whole test set)
+    # Also evaluate the final parameters on the whole train set (summary.json:
+    # final_train_error, final_train_set_loss; P2's generalization gap is test - train
+    # error); None: false
+    eval_train: bool | None = None
     checkpoint_every: int = 0  # updates between checkpoints (0 = once a minute of wall time)
     # How a sweep replays points that differ only in lr, momentum beta or weight decay over
     # one shared trace (SWEEP_PATHS): "exact" (default) gives each point exactly the

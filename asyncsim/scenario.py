@@ -91,6 +91,25 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The keys of [model] and [data] that are not the named model's or data set's options.
+_NOT_OPTIONS = {"model": ("name",), "data": ("name", "batch_size")}
+
+
+def _drop_renamed_options(raw: dict[str, Any], profile: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` without the options of a model or data set that ``profile`` renames: the
+    other keys of [model] and [data] are options of the one they name (an MLP's hidden
+    sizes, a synthetic set's size), so a paper profile that swaps the MLP for ResNet-44 or
+    the synthetic set for CIFAR10 must not inherit them (CIFAR10 cut to the synthetic
+    set's 4,096 images)."""
+    out = dict(raw)
+    for table, keep in _NOT_OPTIONS.items():
+        base, over = raw.get(table), profile.get(table)
+        if (isinstance(base, Mapping) and isinstance(over, Mapping) and "name" in over
+                and over["name"] != base.get("name")):
+            out[table] = {k: v for k, v in base.items() if k in keep}
+    return out
+
+
 def read_raw(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The raw mapping of a scenario and the file it came from (None for a dict)."""
     if isinstance(source, Mapping):
@@ -156,7 +175,7 @@ def resolve_raw(
                 have = ", ".join(["default", *profiles])
                 raise ScenarioError("--profile", f"this scenario defines no {profile!r} "
                                     f"profile; its profiles: {have}")
-            raw = _merge(raw, profiles[profile])
+            raw = _merge(_drop_renamed_options(raw, profiles[profile]), profiles[profile])
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
         if key.startswith("sweep.") and len(key) > len("sweep."):

@@ -50,7 +50,7 @@ from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, s
 from asyncsim.trace import Trace
 
 INDEX = "index.csv"
-HEADLINE = ("final_test_error", "final_train_loss", "diverged", "diverged_at",
+HEADLINE = ("final_test_error", "final_train_error", "final_train_loss", "diverged", "diverged_at",
             "staleness_mean", "staleness_max", "sim_time", "updates", "gradients", "epochs",
             "param_hash", "trace_hash", "wall_time")
 
@@ -65,7 +65,7 @@ def timing_key(scn: Scenario) -> str:
     d["seed"] = scn.timing_seed
     d["cluster"] = {k: v for k, v in d["cluster"].items() if k != "seed"}
     run = dict(d.get("run", {}))
-    for k in ("eval_every", "eval_samples", "checkpoint_every", "sweep_path"):
+    for k in ("eval_every", "eval_samples", "eval_train", "checkpoint_every", "sweep_path"):
         run.pop(k, None)
     d["run"] = run
     return json.dumps(d, sort_keys=True, default=str)

@@ -476,9 +476,12 @@ class Driver:
         """The per-gradient rate the run's rule gives (before any schedule), what figures
         plot against: ``lr_at_mean_tau`` at the run's mean staleness rounded to an integer
         (α0/τ̄ for inverse-staleness), and ``lr_at_tau`` at the protocol's constant delay τ
-        when it has one (fixed-delay: P2's η_τ for stability-edge)."""
+        when it has one (fixed-delay: P2's η_τ for stability-edge). Under ``lr_staleness =
+        "nominal"`` every gradient's rate is the rule's at the nominal delay, so both are."""
         rule, lr = self.scn.optimizer.lr_rule, self.hyper.get("lr", self.scn.optimizer.lr)
         tau_bar = round(staleness_mean)
+        if self.scn.optimizer.lr_staleness == "nominal":
+            tau_bar = self.num.nominal_staleness
         out = {"lr_at_mean_tau": rate_at_delay(rule, lr, tau_bar)}
         if self.scn.protocol.tau is not None:
             out["lr_at_tau"] = rate_at_delay(rule, lr, self.scn.protocol.tau)
@@ -548,6 +551,9 @@ class Driver:
             **measured,
             **(extra or {}),
         }
+        if self.scn.run.eval_train:
+            loss, err = num.evaluate(final.params, split="train")
+            summary.update(final_train_error=float(err), final_train_set_loss=float(loss))
         if compare is not None:
             summary.update(compare(summary, final.params))
         folder = self.folder

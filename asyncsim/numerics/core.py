@@ -16,14 +16,18 @@ into that update (``c = 1`` for plain async, ``c = floor(lambda / n)`` for n-sof
 global or a SimPy object, and nothing in it depends on Python values that change between
 updates, so a jitted ``apply`` compiles once per shape.
 
-The numerics (all rates sit *inside* the update, Caffe / P1 style):
+The numerics (:func:`make_core` states them exactly):
 
 * per-gradient rate ``alpha_l = schedule(step) * rule(alpha0, tau_l, <tau>)`` where ``rule``
-  is a registered learning-rate rule (:func:`register_lr_rule`);
+  is a registered learning-rate rule (:func:`register_lr_rule`), at each gradient's own
+  staleness or at the protocol's nominal delay (P2's hand-set eta_tau);
 * P1's n-softsync aggregation ``d = (1/c) sum_l alpha_l (g_l + wd_p * theta)`` with
-  ``theta`` the current (fresh) master weights (P2's code also decays the master weights);
+  ``theta`` the current (fresh) master weights (P2's code also decays the master weights),
+  on every parameter or on weights only (P2's ResNet);
 * a momentum variant (none, heavy ball, dampened, Nesterov, or P2's shifted momentum with one
-  buffer per learner).
+  buffer per learner), with PyTorch's dampening, in one of two styles: ``caffe`` (the rate
+  inside the buffer, P1's framework; the default) or ``torch`` (PyTorch's SGD, which P2's
+  official code steps: the rate outside, each buffer a copy of its first step).
 
 References:
     P1: Zhang, Gupta, Lian, Liu, "Staleness-aware async-SGD for distributed deep learning",

@@ -197,6 +197,7 @@ class Numerics:
         # PS updates per pass over the train set: n_train / (mu * gradients per update).
         self.upe = (None if grads_per_update is None
                     else self.n_train / (self.mu * grads_per_update))
+        self.nominal_staleness = nominal_staleness
         self.core = make_core(scn.optimizer, num_learners=scn.cluster.learners,
                               updates_per_epoch=self.upe,
                               nominal_staleness=nominal_staleness)
@@ -310,18 +311,19 @@ class Numerics:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, params, *, samples: int | None = None, batch: int = 1000,
-                 program=None):
-        """(test loss, test error) on the first ``samples`` test examples, the means of
-        ``batch``-sized chunks weighted by their sizes (in float64). ``program``: the
-        ``(params, x, y) -> (loss, error)`` to evaluate with (default: the model's; a
-        vmapped sweep passes its program over stacked parameters and gets arrays, one
-        value per point)."""
+                 program=None, split: str = "test"):
+        """(loss, error) on the first ``samples`` examples of the ``split`` set ("test", or
+        "train" for the generalization gap), the means of ``batch``-sized chunks weighted
+        by their sizes (in float64). ``program``: the ``(params, x, y) -> (loss, error)`` to
+        evaluate with (default: the model's; a vmapped sweep passes its program over stacked
+        parameters and gets arrays, one value per point)."""
         program = program or self._eval_batch
-        n = self.x_test.shape[0] if samples is None else min(samples, self.x_test.shape[0])
+        x, y = (self.x_test, self.y_test) if split == "test" else (self.x_train, self.y_train)
+        n = x.shape[0] if samples is None else min(samples, x.shape[0])
         tot_l = tot_e = np.float64(0.0)
         for s in range(0, n, batch):
             e = min(s + batch, n)
-            loss, err = program(params, self.x_test[s:e], self.y_test[s:e])
+            loss, err = program(params, x[s:e], y[s:e])
             tot_l = tot_l + np.asarray(loss, np.float64) * (e - s)
             tot_e = tot_e + np.asarray(err, np.float64) * (e - s)
         return tot_l / max(n, 1), tot_e / max(n, 1)

@@ -1,0 +1,163 @@
+"""P2's official regime in scenarios: the nominal eta_tau, the train error behind P2's
+generalization gap, the official "normal" schedule, and paper profiles that swap the model
+or the data set without inheriting the options of the one they replace.
+
+The update loop itself is checked against a transcription of the official code in
+tests/test_p2_parity.py; the core's arithmetic in tests/test_core.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY
+
+import asyncsim
+from asyncsim.drivers.driver import numerics_for
+from asyncsim.scenario import load_scenario
+
+FIXED4 = {**TINY, "protocol": {"kind": "fixed-delay", "tau": 4}, "cluster": {},
+          "run": {"updates": 24, "eval_every": 0}}
+
+
+def _with(base: dict, **tables) -> dict:
+    return {**base, **{k: {**base.get(k, {}), **v} for k, v in tables.items()}}
+
+
+def test_nominal_eta_tau_is_constant_from_the_first_update():
+    """P2's official regimes set eta_tau by hand: with lr_staleness = "nominal" every
+    gradient, the first tau (staleness 0..3) included, takes eta0 sin(pi/18): the run equals
+    a constant-rule run at that rate (to float32 rounding of the rate), and differs from the
+    per-gradient rule, whose first four updates take larger rates."""
+    eta0 = 0.05
+    nominal = asyncsim.run(load_scenario(_with(FIXED4, optimizer={
+        "lr": eta0, "lr_rule": "stability-edge", "lr_staleness": "nominal"})))
+    eta4 = eta0 * math.sin(math.pi / 18)
+    by_hand = asyncsim.run(load_scenario(_with(FIXED4, optimizer={"lr": eta4})))
+    actual = asyncsim.run(load_scenario(_with(FIXED4, optimizer={
+        "lr": eta0, "lr_rule": "stability-edge"})))
+    for a, b in zip(jnp.asarray(nominal.params["fc"]["w"]).ravel(),
+                    jnp.asarray(by_hand.params["fc"]["w"]).ravel(), strict=True):
+        assert float(a) == pytest.approx(float(b), rel=1e-5, abs=1e-7)
+    assert nominal.summary["lr_at_tau"] == pytest.approx(eta4)
+    assert nominal.summary["lr_at_mean_tau"] == pytest.approx(eta4)
+    assert actual.trace.staleness[:4].tolist() == [0, 1, 2, 3]
+    assert actual.summary["param_hash"] != nominal.summary["param_hash"]
+
+
+def test_eval_train_is_the_error_on_the_whole_train_set():
+    """run.eval_train: summary.json's final_train_error is the fraction of the train set
+    (labels as trained on, noise included) the final parameters misclassify."""
+    scn = load_scenario(_with(TINY, run={"eval_train": True}))
+    res = asyncsim.run(scn)
+    num = numerics_for(scn)
+    logits = np.asarray(num.model.apply(res.params, num.x_train))
+    wrong = float(np.mean(np.argmax(logits, axis=1) != np.asarray(num.y_train)))
+    assert res.summary["final_train_error"] == pytest.approx(wrong, abs=1e-6)
+    assert 0 < wrong < 0.9  # a real, partly trained network: not all right, not all wrong
+    assert "final_train_error" not in asyncsim.run(load_scenario(TINY)).summary
+
+
+def test_the_official_normal_schedule_starts_uniform_and_favours_the_stalest():
+    """Phi((s - W)/(W/4)): at the start every worker has staleness 0 (uniform draws); later
+    a worker that has waited longer is more likely to be drawn, so the staleness of the
+    applied gradients concentrates near W (P2's trainer.py), unlike random's geometric."""
+    def trace(schedule):
+        return asyncsim.simulate(load_scenario(_with(
+            FIXED4, protocol={"schedule": schedule, "tau": 15}, run={"updates": 6000})))
+
+    normal, random = trace("normal"), trace("random")
+    assert normal.hash() == trace("normal").hash()  # same scenario and seed: same trace
+    s, r = normal.staleness[500:], random.staleness[500:]
+    assert abs(s.mean() - 15) < 0.5 and abs(r.mean() - 15) < 1.5  # mean W - 1 for both
+    assert s.std() < 0.5 * r.std()
+    assert np.mean(s < 5) < 0.02 < np.mean(r < 5)
+
+
+def test_a_profile_that_renames_the_model_or_data_set_drops_their_options():
+    """P2-F1's paper profile swaps the MLP and the 4,096-image synthetic set for ResNet-44
+    and CIFAR10: it must train on all of CIFAR10, not on 4,096 images of it."""
+    paper = load_scenario("scenarios/p2_f1.toml", profile="paper")
+    assert paper.data.name == "cifar10" and "n_train" not in paper.data.options
+    assert paper.data.batch_size == 128
+    assert paper.model.name == "resnet44" and dict(paper.model.options) == {"norm": "batch"}
+    f4 = load_scenario("scenarios/p2_f4.toml", profile="paper")
+    assert "hidden" not in f4.model.options and "input_pool" not in f4.model.options
+    # Same name: the profile's keys are laid over the file's, options kept.
+    smoke = load_scenario("scenarios/p2_f4.toml", profile="smoke")
+    assert smoke.model.options["hidden"] == [16] and smoke.model.options["input_pool"] == 4
+
+
+@pytest.mark.parametrize("name", ["p2_f1", "p2_f4"])
+def test_the_p2_paper_profiles_use_the_official_regime(name):
+    """torch-style SGD with momentum 0.9 at eta0 = 0.1, weight decay 1e-4 on weights only,
+    x0.1 at epochs 81/122/164 (x3 for the long regime), eta_tau from the nominal delay."""
+    scn = load_scenario(f"scenarios/{name}.toml", profile="paper")
+    o = scn.optimizer
+    assert (o.lr, o.momentum.style, o.momentum.beta) == (0.1, "torch", 0.9)
+    assert (o.weight_decay, o.weight_decay_scope, o.lr_staleness) == (1e-4, "weights",
+                                                                      "nominal")
+    assert tuple(o.schedule.decay_epochs) == (81, 122, 164) and o.schedule.decay_factor == 0.1
+    from asyncsim.scenario import apply_point, sweep_points
+
+    points = [apply_point(scn, p) for p in sweep_points(scn)]
+    assert {p.protocol.tau for p in points} == {0, 4, 8, 16, 32}
+    assert {p.optimizer.lr_rule for p in points} == {"constant", "stability-edge"}
+    if name == "p2_f1":
+        assert {p.optimizer.momentum.kind for p in points} == {"none", "heavy-ball", "shifted"}
+        regimes = {(p.optimizer.lr_rule, p.run.epochs, tuple(p.optimizer.schedule.decay_epochs))
+                   for p in points}
+        assert regimes == {("constant", 200, (81, 122, 164)),
+                           ("stability-edge", 600, (243, 366, 492))}
+
+
+def test_torch_style_runs_through_every_executor(tmp_path):
+    """The torch style's state (buffers started or not, per learner for shifted) goes
+    through replay (bit for bit), the compiled scan, the vmapped sweep and a checkpoint."""
+    from asyncsim.cli import main
+    from asyncsim.drivers.scan import replay_scan
+    from asyncsim.runs import read_summary
+
+    raw = _with(TINY, optimizer={"lr": 0.02, "momentum": {
+        "kind": "shifted", "beta": 0.9, "style": "torch", "dampening": 0.5}},
+        run={"updates": 40, "eval_every": 0, "checkpoint_every": 10})
+    scn = load_scenario(raw)
+    online = asyncsim.run(scn)
+    assert asyncsim.replay(scn, online.trace).summary["param_hash"] == online.summary[
+        "param_hash"]
+    scan = replay_scan(scn, online.trace)
+    np.testing.assert_allclose(np.asarray(scan.params["fc"]["w"]),
+                               np.asarray(online.params["fc"]["w"]), rtol=1e-5, atol=1e-7)
+    # A sweep over lr through the vmapped path agrees with the exact points.
+    from asyncsim._io import dump_toml
+
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({**raw, "sweep": {"optimizer.lr": [0.01, 0.02]}}))
+    for sweep_path in ("exact", "vmapped"):
+        assert main(["run", str(path), "--out", str(tmp_path / sweep_path), "--quiet",
+                     "--set", f"run.sweep_path={sweep_path}"]) == 0
+    for p in ("p000", "p001"):
+        exact = np.load(tmp_path / "exact" / p / "params.npz")
+        vm = np.load(tmp_path / "vmapped" / p / "params.npz")
+        for k in exact.files:
+            np.testing.assert_allclose(vm[k], exact[k], rtol=1e-5, atol=1e-7)
+    assert read_summary(tmp_path / "exact" / "p001")["param_hash"] == online.summary[
+        "param_hash"]
+    # The checkpoint keeps which buffers have started (learners 0..2 here, all of them).
+    from asyncsim.drivers.driver import Recorder, load_checkpoint, save_checkpoint
+
+    num = numerics_for(scn)
+    state = num.init_state()
+    for v in range(3):
+        state, _ = num.update(state, {0: num.init_params()}, v, [(v, 0, 0, v)])
+    assert np.asarray(state.started).tolist() == [True, True, True]
+    save_checkpoint(tmp_path, 3, state, {}, Recorder(), {})
+    _, back, _, _, _ = load_checkpoint(tmp_path, num.init_state(), num.init_params())
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(state),
+                    strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
