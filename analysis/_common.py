@@ -220,9 +220,11 @@ def add_caption(fig, *sources: Path, note: str = "") -> None:
 
 
 def save(fig, data: pd.DataFrame, out_dir: Path, name: str, *,
-         sources: tuple[Path, ...] = (), note: str = "") -> list[Path]:
+         sources: tuple[Path, ...] = (), note: str = "",
+         tables: dict[str, pd.DataFrame] | None = None) -> list[Path]:
     """Write ``NAME.png`` (small: 100 dpi; with :func:`add_caption`'s footer for
-    ``sources``) and ``NAME.csv`` (every plotted series)."""
+    ``sources``), ``NAME.csv`` (every plotted series) and ``NAME_KEY.csv`` for each of
+    ``tables``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if sources or note:
@@ -231,4 +233,8 @@ def save(fig, data: pd.DataFrame, out_dir: Path, name: str, *,
     fig.savefig(png, dpi=100, bbox_inches="tight")
     plt.close(fig)
     data.to_csv(csv, index=False)
-    return [png, csv]
+    written = [png, csv]
+    for key, frame in (tables or {}).items():
+        written.append(out_dir / f"{name}_{key}.csv")
+        frame.to_csv(written[-1], index=False)
+    return written

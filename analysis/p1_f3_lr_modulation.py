@@ -109,7 +109,5 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     fig.suptitle(f"P1-F3: λ = {lam}, μ = {mu}; top α = α0, bottom α = α0/τ "
                  f"(x = diverged; seeds: {seeds})", fontsize=10)
     fig.tight_layout()
-    out = save(fig, mean, out_dir, NAME, sources=(sweep_dir,))
-    tpath = Path(out_dir) / f"{NAME}_table.csv"
-    table(finals).to_csv(tpath, index=False)
-    return [*out, tpath]
+    return save(fig, mean, out_dir, NAME, sources=(sweep_dir,),
+                tables={"table": table(finals)})

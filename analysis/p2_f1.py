@@ -1,64 +1,101 @@
-"""P2-F1: generalization gap vs delay τ (Giladi et al. 2020) — test error, η0 vs η_τ.
+"""P2-F1 as P2's official code ran it (Giladi et al. 2020): train error, test error and the
+generalization gap against the delay τ, at a constant rate η0 and at P2's
+``η_τ = η0 sin(π/(4τ+2))`` trained for the official ``long`` regime, per momentum kind.
 
 Reads the sweep of ``scenarios/p2_f1.toml`` (index.csv and each point's summary.json and
-eval.csv; nothing is re-simulated) and plots the final test error against τ for the
-constant rate and for P2's rule ``η_τ = η0 sin(π/(4τ+2))``. Diverged runs are marked at
-90% error (chance level for 10 classes).
+scenario.toml; nothing is re-simulated). One panel per momentum kind; solid: final test
+error, dashed: final train error (``run.eval_train``), mean ± std over the seeds that did
+not diverge; ×: a (τ, rule) whose every seed diverged, drawn at 90% (chance for 10
+classes). The CSV holds one row per run and the table (:func:`table`) one per (momentum,
+rule, τ).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from asyncsim._io import read_csv, read_json, read_toml
+from asyncsim._io import read_json, read_toml
 
 from ._common import finished_points, save
 
 NAME = "p2_f1"
-RULES = {"constant": "η = η0 (constant)", "stability-edge": "η_τ = η0 sin(π/(4τ+2))"}
+RULES = {"constant": ("η0, normal regime", "C0"),
+         "stability-edge": ("η_τ = η0 sin(π/(4τ+2)), long regime", "C1")}
+MOMENTA = {"none": "momentum off", "heavy-ball": "heavy ball", "shifted": "shifted momentum"}
 
 
 def points(sweep_dir: Path) -> pd.DataFrame:
+    """One row per complete run: tau, momentum, lr_rule, seed, eta0, eta (the rate at
+    delay τ), epochs, final train and test error, their gap, diverged."""
     rows = []
     for folder in finished_points(sweep_dir):
         s = read_json(folder / "summary.json")
         scn = read_toml(folder / "scenario.toml")
-        tau = int(scn["protocol"]["tau"])
         opt = scn.get("optimizer", {})
-        rule = opt.get("lr_rule", "constant")
-        eta0 = float(opt.get("lr", 0.01))
-        evals = read_csv(folder / "eval.csv") if (folder / "eval.csv").exists() else None
-        best = float(evals["test_error"].min()) if evals is not None else math.nan
-        rows.append({"tau": tau, "lr_rule": rule, "eta0": eta0,
-                     "eta": float(s["lr_at_tau"]),  # the rate the run used at delay τ
-                     "seed": scn.get("seed", 0),
-                     "final_test_error": s.get("final_test_error"),
-                     "best_test_error": best,
-                     "final_train_loss": s.get("final_train_loss"),
-                     "diverged": bool(s.get("diverged", False))})
-    return pd.DataFrame(rows).sort_values(["lr_rule", "tau"]).reset_index(drop=True)
+        train, test = s.get("final_train_error"), s.get("final_test_error")
+        diverged = bool(s.get("diverged", False))
+        rows.append({
+            "tau": int(scn["protocol"]["tau"]),
+            "momentum": opt.get("momentum", {}).get("kind", "none"),
+            "lr_rule": opt.get("lr_rule", "constant"), "seed": scn.get("seed", 0),
+            "eta0": float(opt.get("lr", 0.01)), "eta": float(s["lr_at_tau"]),
+            "epochs": float(s["epochs"]), "final_train_error": train,
+            "final_test_error": test,
+            "gap": None if diverged or train is None else test - train,
+            "diverged": diverged})
+    return (pd.DataFrame(rows).sort_values(["momentum", "lr_rule", "tau", "seed"])
+            .reset_index(drop=True))
+
+
+def table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (momentum, lr_rule, tau): seeds, diverged seeds, and the mean and std (over the
+    seeds that did not diverge) of the train error, test error and gap, in percent."""
+    rows = []
+    for (kind, rule, tau), g in df.groupby(["momentum", "lr_rule", "tau"], sort=False):
+        ok = g[~g["diverged"]]
+        row = {"momentum": kind, "lr_rule": rule, "tau": int(tau), "eta": g["eta"].iloc[0],
+               "epochs": g["epochs"].max(), "seeds": len(g), "diverged": int(g["diverged"].sum())}
+        for col in ("final_train_error", "final_test_error", "gap"):
+            vals = 100 * ok[col].astype(float)
+            row[f"{col}_mean"] = vals.mean() if len(vals) else float("nan")
+            row[f"{col}_std"] = vals.std(ddof=0) if len(vals) else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     df = points(sweep_dir)
-    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=100)
-    for rule, label in RULES.items():
-        g = df[df["lr_rule"] == rule]
-        if g.empty:
-            continue
-        err = g["final_test_error"].where(~g["diverged"], 0.9)
-        (line,) = ax.plot(g["tau"] + 1, 100 * err, "o-", label=label)
-        bad = g[g["diverged"]]
-        if not bad.empty:
-            ax.plot(bad["tau"] + 1, [90] * len(bad), "x", ms=10, color=line.get_color(),
-                    label=f"diverged ({rule})")
-    ax.set(xscale="log", xlabel="τ + 1", ylabel="final test error (%)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("P2-F1 test error vs delay (MLP, synthetic CIFAR)", fontsize=9)
+    tab = table(df)
+    kinds = [k for k in MOMENTA if k in set(df["momentum"])]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4), dpi=100,
+                             sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        for rule, (label, color) in RULES.items():
+            g = tab[(tab["momentum"] == kind) & (tab["lr_rule"] == rule)]
+            if g.empty:
+                continue
+            ok = g[g["diverged"] < g["seeds"]]
+            x = ok["tau"] + 1
+            ax.errorbar(x, ok["final_test_error_mean"], ok["final_test_error_std"], fmt="o-",
+                        color=color, capsize=3, label=f"test, {label}")
+            ax.errorbar(x, ok["final_train_error_mean"], ok["final_train_error_std"],
+                        fmt="s--", color=color, capsize=3, mfc="none", label=f"train, {label}")
+            for r in ok[ok["diverged"] > 0].itertuples():  # some seeds diverged
+                ax.annotate(f"{r.diverged}/{r.seeds} diverged", (r.tau + 1,
+                            r.final_test_error_mean), textcoords="offset points",
+                            xytext=(-8, 8), ha="right", fontsize=7, color=color)
+            bad = g[g["diverged"] == g["seeds"]]
+            if not bad.empty:
+                ax.plot(bad["tau"] + 1, [90] * len(bad), "x", ms=10, color=color,
+                        label=f"every seed diverged, {label}")
+        ax.set(xscale="log", xlabel="τ + 1", title=MOMENTA[kind])
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("final error (%)")
+    handles = {h.get_label(): h for a in axes[0] for h in a.get_legend_handles_labels()[0]}
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7)
+    fig.suptitle("P2-F1 with the official regime: train and test error vs delay", fontsize=10)
     fig.tight_layout()
-    return save(fig, df, out_dir, NAME, sources=(sweep_dir,))
+    return save(fig, df, out_dir, NAME, sources=(sweep_dir,), tables={"table": tab})

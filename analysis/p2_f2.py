@@ -137,11 +137,13 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     ax.plot(t + 1, edge(t), "k-", lw=1.5, label="closed form 2 sin(π/(4τ+2))")
     tt = t[t >= 1]
     ax.plot(tt + 1, asymptote(tt), "k:", lw=1, label="asymptote π/(2τ+1)")
-    style = {"round-robin": ("o", "C0"), "random": ("s", "C1"), "normal": ("^", "C2")}
+    style = {"round-robin": ("o", "C0", "round robin"), "random": ("s", "C1", "random"),
+             "normal": ("^", "C2", "normal (official Φ draw)"),
+             "race": ("v", "C5", "race (not P2's: normal step times)")}
     for sched, g in df.groupby("schedule", sort=False):
-        m, c = style.get(sched, ("d", "C3"))
+        m, c, lab = style.get(sched, ("d", "C3", sched))
         ax.plot(g["tau"] + 1, g["measured"], m, color=c, mfc="none",
-                label=f"measured, quadratic, {sched}")
+                label=f"measured, quadratic, {lab}")
     if not net.empty:
         for rule, m, c, ms, lab in (
                 ("stability-edge", "s", "C4", 10, "MLP: η_τ·λ_max of final params"),

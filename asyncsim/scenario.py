@@ -39,6 +39,8 @@ from asyncsim.config import (
     NOMINAL_NEEDS,
     SWEEP_PATHS,
     WEIGHT_DECAY_SCOPES,
+    DataConfig,
+    ModelConfig,
     Scenario,
     check_choice,
     check_dampening,
@@ -102,10 +104,11 @@ def _drop_renamed_options(raw: dict[str, Any], profile: Mapping[str, Any]) -> di
     the synthetic set for CIFAR10 must not inherit them (CIFAR10 cut to the synthetic
     set's 4,096 images)."""
     out = dict(raw)
+    defaults = {"model": ModelConfig.name, "data": DataConfig.name}
     for table, keep in _NOT_OPTIONS.items():
         base, over = raw.get(table), profile.get(table)
         if (isinstance(base, Mapping) and isinstance(over, Mapping) and "name" in over
-                and over["name"] != base.get("name")):
+                and over["name"] != base.get("name", defaults[table])):
             out[table] = {k: v for k, v in base.items() if k in keep}
     return out
 

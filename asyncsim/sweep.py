@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, read_toml
+from asyncsim._io import DamagedFile, read_json, read_toml
 from asyncsim.config import Scenario
 from asyncsim.drivers.choose import sweep_path
 from asyncsim.drivers.driver import numerics_for
@@ -47,6 +47,7 @@ from asyncsim.drivers.vmapped import hyper_of, replay_vmapped
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario, point_scenarios
 from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, sweep_edges
+from asyncsim.timing.protocols import timing_revision
 from asyncsim.trace import Trace
 
 INDEX = "index.csv"
@@ -205,7 +206,21 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
         saved = read_toml(folder / "scenario.toml")
     except DamagedFile:
         return False  # run again
-    return not scenario_changes(saved, scn)
+    return not scenario_changes(saved, scn) and _same_timing_model(folder, scn)
+
+
+def _same_timing_model(folder: Path, scn: Scenario) -> bool:
+    """Whether ``folder``'s trace was simulated under the timing model ``scn`` means now
+    (:func:`~asyncsim.timing.protocols.timing_revision`: fixed-delay "normal" was the racing
+    model before asyncsim 0.3)."""
+    revision = timing_revision(scn.protocol)
+    if revision is None:
+        return True
+    try:
+        meta = read_json(folder / "trace_meta.json")
+    except DamagedFile:
+        return False
+    return isinstance(meta, dict) and meta.get("timing_revision") == revision
 
 
 def _hyper_only(todo, scn: Scenario):
@@ -291,7 +306,8 @@ def _group_trace(scn: Scenario, folder: Path):
             saved = load_scenario(folder / "scenario.toml")
         except (ScenarioError, DamagedFile):
             saved = None
-        if saved is not None and timing_key(saved) == timing_key(scn):
+        if (saved is not None and timing_key(saved) == timing_key(scn)
+                and _same_timing_model(folder, scn)):
             try:
                 return Trace.load(folder)
             except DamagedFile:

@@ -699,3 +699,39 @@ def test_torch_style_config_errors():
         make_core(torch_opt(kind="none", dampening=0.5), num_learners=1)
     with pytest.raises(ValueError, match="caffe, torch"):
         make_core(OptimizerConfig(momentum=MomentumConfig(style="pytorch")), num_learners=1)
+
+
+def test_torch_style_with_several_gradients_and_padding_is_pytorch_on_their_mean():
+    """c = 3 slots, one of them padding: PyTorch's step on the mean of the valid gradients
+    plus wd theta (a float64 reference); an all-padding first update leaves the buffer
+    unstarted, so the next real step is still copied undampened."""
+    o = torch_opt(lr=0.1, beta=0.8, dampening=0.3, weight_decay=0.05)
+    core = make_core(o, num_learners=3)
+    theta = np.array([1.0, -2.0])
+    state = core.init({"w": jnp.asarray(theta, jnp.float32)})
+    empty = core.apply(state, {"w": jnp.full((3, 2), jnp.nan)}, staleness=np.zeros(3, np.int32),
+                       learner_ids=np.arange(3, dtype=np.int32), step=0,
+                       mask=np.zeros(3, bool))
+    assert not bool(empty.started)
+    rng = np.random.default_rng(5)
+    buf = None
+    state = empty
+    for t in range(4):
+        g = rng.normal(size=(3, 2))
+        mask = np.array([True, t % 2 == 0, True])
+        state = core.apply(state, {"w": jnp.asarray(g, jnp.float32)},
+                           staleness=np.zeros(3, np.int32),
+                           learner_ids=np.arange(3, dtype=np.int32), step=t + 1, mask=mask)
+        d_p = g[mask].mean(axis=0) + 0.05 * theta  # torch: grad + wd * p
+        buf = d_p if buf is None else 0.8 * buf + (1 - 0.3) * d_p
+        theta = theta - 0.1 * buf
+        np.testing.assert_allclose(np.asarray(state.params["w"]), theta, rtol=2e-6)
+
+
+def test_a_weight_decay_mult_on_what_the_scope_leaves_out_is_an_error():
+    """Under scope "weights" a multiplier for a bias alone would do nothing: one line."""
+    o = opt(weight_decay=0.1, weight_decay_scope="weights", weight_decay_mult={"conv1/b": 2.0})
+    with pytest.raises(ValueError, match="conv1/b: matches no parameter of rank >= 2"):
+        make_core(o, num_learners=1).init(tiny_params())
+    make_core(opt(weight_decay=0.1, weight_decay_mult={"conv1/b": 2.0}),
+              num_learners=1).init(tiny_params())

@@ -193,6 +193,5 @@ def test_torch_style_with_dampening_has_the_dampened_edge(kind, tau):
     mom = dataclasses.replace(scn.optimizer.momentum, style="torch", dampening=0.5)
     scn = dataclasses.replace(scn, optimizer=dataclasses.replace(scn.optimizer, momentum=mom))
     measured = float(edges_of_traces(scn, [simulate(scn)])[0])
-    expected = edge(tau, kind, 0.9, dampening=0.5)
-    assert expected == pytest.approx(edge(tau, kind, 0.9) * 2)
-    assert measured == pytest.approx(expected, rel=2e-3)
+    assert measured == pytest.approx(edge(tau, kind, 0.9, dampening=0.5), rel=2e-3)
+    assert measured > 1.9 * edge(tau, kind, 0.9)  # not the undampened edge

@@ -80,6 +80,9 @@ def test_asyncsim_figures_works_from_an_installed_wheel(trace_sweeps, tmp_path):
 
 
 def test_p2_f1_plots_the_rate_each_run_recorded(tmp_path):
+    """Each row of P2-F1's CSV is one run (2 delays x 2 momenta x 2 regimes in smoke) with
+    the rate it recorded (P2's eta_tau at the nominal delay), its train and test error and
+    their gap; the table aggregates them per (momentum, rule, delay)."""
     import json
     import math
 
@@ -87,12 +90,20 @@ def test_p2_f1_plots_the_rate_each_run_recorded(tmp_path):
     assert main(["run", str(REPO / "scenarios" / "p2_f1.toml"), "--profile", "smoke",
                  "--out", str(out), "--quiet"]) == 0
     data = pd.read_csv(out / "figures" / "p2_f1.csv")
-    assert len(data) == 4
+    assert len(data) == 8
     index = pd.read_csv(out / "index.csv")
     for r in data.itertuples():
         point = out / index[(index["protocol.tau"] == r.tau)
-                            & (index["optimizer.lr_rule"] == r.lr_rule)]["point"].iloc[0]
-        assert r.eta == json.loads((point / "summary.json").read_text())["lr_at_tau"]
+                            & (index["optimizer.lr_rule"] == r.lr_rule)
+                            & (index["optimizer.momentum.kind"] == r.momentum)]["point"].iloc[0]
+        summary = json.loads((point / "summary.json").read_text())
+        assert r.eta == summary["lr_at_tau"]
         hand = r.eta0 * math.sin(math.pi / (4 * r.tau + 2))  # P2's eta_tau
         assert r.eta == pytest.approx(hand if r.lr_rule == "stability-edge" else r.eta0,
                                       rel=1e-15)
+        assert r.final_train_error == summary["final_train_error"]
+        assert r.gap == pytest.approx(summary["final_test_error"] - summary["final_train_error"])
+        # The official long regime: eta_tau runs train three times the epochs.
+        assert r.epochs == (6 if r.lr_rule == "stability-edge" else 2)
+    table = pd.read_csv(out / "figures" / "p2_f1_table.csv")
+    assert len(table) == 8 and (table["seeds"] == 1).all()

@@ -35,11 +35,12 @@ from asyncsim import runs
 from asyncsim._io import DamagedFile, atomic, damaged, npz_member, read_npz
 from asyncsim.config import Scenario
 from asyncsim.drivers.record import check_resume
+from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import CoreState, param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import EvalRecord, Numerics, Row, build_model
-from asyncsim.timing.protocols import get_protocol_class
+from asyncsim.timing.protocols import get_protocol_class, timing_revision
 from asyncsim.trace import Trace
 
 CHECK_EVERY = 16  # updates between fetches of the batch losses (the divergence check)
@@ -248,7 +249,14 @@ def check_checkpoint(folder: Path, scn: Scenario) -> dict[str, Any]:
     """Refuse, in one line, a checkpoint that does not belong to ``scn`` (the folder's
     scenario.toml as it is now: :func:`asyncsim.drivers.record.check_resume`); returns the
     scenario as the folder records it, which the resumed run's checkpoints keep."""
-    return check_resume(folder, checkpoint_meta(folder).get("extra", {}).get("scenario"), scn)
+    extra = checkpoint_meta(folder).get("extra", {})
+    revision = timing_revision(scn.protocol)
+    if extra.get("timing_revision") != revision:
+        raise ScenarioError("protocol.schedule", f"{folder / CKPT} was made under another "
+                            f"timing model of schedule {scn.protocol.schedule!r} (before "
+                            f"asyncsim 0.3 it was the racing model, now \"race\"); "
+                            f"{_START_OVER}", file=str(folder))
+    return check_resume(folder, extra.get("scenario"), scn)
 
 
 def resume_from(folder: Path, scn: Scenario, num: Numerics, *, check: bool = True):
@@ -492,6 +500,9 @@ class Driver:
         gradients applied and what the monitor measured so far."""
         extra: dict[str, Any] = {"grads_applied": self.grads_applied,
                                  "scenario": self.record}
+        revision = timing_revision(self.scn.protocol)
+        if revision is not None:  # check_checkpoint: the timing it was made under
+            extra["timing_revision"] = revision
         if self.monitor is not None and hasattr(self.monitor, "state"):
             extra["monitor"] = self.monitor.state()
         return extra

@@ -321,13 +321,15 @@ def make_core(
         Raises:
             ValueError: a ``weight_decay_mult`` prefix matches no parameter (likely a typo).
         """
-        paths = [_path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        flat = jax.tree_util.tree_flatten_with_path(params)[0]
+        # Under scope "weights" only the parameters of rank >= 2 take weight decay at all.
+        paths = [_path_str(p) for p, leaf in flat if scope == "all" or jnp.ndim(leaf) >= 2]
         for prefix in wd_mult:
             if not any(_prefix_matches(prefix, p) for p in paths):
-                raise ScenarioError(
-                    f"optimizer.weight_decay_mult.{prefix}",
-                    f"matches no parameter; parameters: {', '.join(paths)}",
-                )
+                what = ("matches no parameter" if scope == "all" else
+                        "matches no parameter of rank >= 2 (weight_decay_scope = \"weights\")")
+                raise ScenarioError(f"optimizer.weight_decay_mult.{prefix}",
+                                    f"{what}; parameters: {', '.join(paths)}")
         started: jax.Array | tuple = ()
         if kind == "none":
             momentum: PyTree | tuple = ()

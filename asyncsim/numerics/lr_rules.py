@@ -48,6 +48,11 @@ def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = Fal
         float32 rates, ``[c]`` or a scalar (broadcast to ``[c]``). The schedule factor is
         applied on top by the core.
 
+    Under ``optimizer.momentum.style = "torch"`` the core takes ``rule(1, staleness,
+    mean_staleness)`` as each gradient's weight and applies ``lr`` outside the momentum
+    buffer (PyTorch's form), so there a rule must be linear in ``lr``, ``rule(lr, ...) = lr
+    * rule(1, ...)``, as every built-in rule is.
+
     Usable as a decorator (``@register_lr_rule("mine")``) or directly
     (``register_lr_rule("mine", fn)``). An installed package can instead expose the function
     under the entry-point group ``asyncsim.lr_rules`` (docs/plugins.md).

@@ -318,6 +318,8 @@ class Numerics:
         evaluate with (default: the model's; a vmapped sweep passes its program over stacked
         parameters and gets arrays, one value per point)."""
         program = program or self._eval_batch
+        if split not in ("test", "train"):
+            raise ValueError(f"split must be 'test' or 'train', got {split!r}")
         x, y = (self.x_test, self.y_test) if split == "test" else (self.x_train, self.y_train)
         n = x.shape[0] if samples is None else min(samples, x.shape[0])
         tot_l = tot_e = np.float64(0.0)

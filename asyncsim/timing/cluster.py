@@ -33,7 +33,7 @@ import simpy
 from asyncsim.config import Scenario
 from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
-from asyncsim.timing.protocols import Protocol, get_protocol_class
+from asyncsim.timing.protocols import Protocol, get_protocol_class, timing_revision
 from asyncsim.trace import GRAD_COLUMNS, UPDATE_COLUMNS, Trace
 
 # Stream ids of SeedSequence spawn keys (never reorder: that would change every trace).
@@ -303,6 +303,9 @@ class Simulation:
         meta = {"stop_reason": self.stop_reason, "sim_time": float(self.env.now),
                 "learners": self.learners, "protocol": self.scenario.protocol.kind,
                 "seed": self.seed}
+        revision = timing_revision(self.scenario.protocol)
+        if revision is not None:
+            meta["timing_revision"] = revision
         g = {k: _to_numpy(c) for k, c in zip(GRAD_COLUMNS, self._gcols, strict=True)}
         u = {k: _to_numpy(c) for k, c in zip(UPDATE_COLUMNS, self._ucols, strict=True)}
         return Trace.from_columns(g, u, meta)

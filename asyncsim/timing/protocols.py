@@ -380,18 +380,40 @@ class FixedDelay(Protocol):
     def _normal_draw(self, n):
         """P2's ``normal`` draw: ``pick(rng, staleness) -> worker`` with probability
         proportional to Phi((s_k - loc) / scale), by one uniform draw against the cumulative
-        weights (float64, in worker order; uniform if every weight underflows to 0)."""
+        weights (float64, in worker order). The weights are Phi / max Phi, computed from log
+        Phi, so a far tail (loc many scales above every staleness) still favours the
+        stalest workers instead of underflowing to zero."""
         loc = float(n) if self.cfg.loc is None else float(self.cfg.loc)
         scale = n / 4.0 if self.cfg.scale is None else float(self.cfg.scale)
-        root2 = math.sqrt(2.0)
 
         def pick(rng, staleness):
-            # Phi(x) = erfc(-x / sqrt 2) / 2, accurate in both tails.
-            cum = list(itertools.accumulate(
-                0.5 * math.erfc((loc - s) / (scale * root2)) for s in staleness))
-            total = cum[-1]
-            if not total > 0:
-                return int(rng.integers(n))
-            return min(bisect.bisect_right(cum, rng.random() * total), n - 1)
+            logs = [_log_phi((s - loc) / scale) for s in staleness]
+            top = max(logs)
+            weights = [math.exp(v - top) for v in logs]
+            cum = list(itertools.accumulate(weights))
+            k = bisect.bisect_right(cum, rng.random() * cum[-1])
+            # u * total may round up to total: the last worker with a weight, never one
+            # with none.
+            return k if k < n else max(i for i, w in enumerate(weights) if w > 0)
 
         return pick
+
+
+def _log_phi(x: float) -> float:
+    """log Phi(x), the log of the standard normal CDF, accurate in both tails: erfc down
+    to x = -30 (Phi(-30) ~ 5e-198), below that the Mills-ratio series
+    Phi(x) ~ phi(x) / |x| (1 - 1/x^2 + 3/x^4), whose next term is 15/x^6 < 2e-8."""
+    if x > -30.0:
+        return math.log(0.5 * math.erfc(-x / math.sqrt(2.0)))
+    return (-0.5 * x * x - math.log(-x) - 0.5 * math.log(2.0 * math.pi)
+            + math.log1p(-1.0 / x**2 + 3.0 / x**4))
+
+
+def timing_revision(cfg: ProtocolConfig) -> str | None:
+    """A mark for timing whose meaning changed between asyncsim versions, so a sweep's
+    shared trace or a checkpoint made before is not reused under the new meaning: fixed-delay
+    ``schedule = "normal"`` is P2's Phi draw since asyncsim 0.3 (before, the racing model now
+    called ``race``). None where nothing changed."""
+    if cfg.kind == "fixed-delay" and cfg.schedule == "normal":
+        return "normal=phi-draw"
+    return None
