@@ -41,7 +41,6 @@ References:
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -67,6 +66,7 @@ from asyncsim.numerics.lr_rules import (  # noqa: F401  (re-exported: the core's
     get_lr_rule,
     register_lr_rule,
 )
+from asyncsim.numerics.schedule import make_schedule
 
 PyTree = Any
 
@@ -123,53 +123,6 @@ class UpdateCore(NamedTuple):
 
     init: Callable[..., CoreState]
     apply: Callable[..., CoreState]
-
-
-# ----------------------------------------------------------------------------- schedule
-def _make_schedule(opt: OptimizerConfig, updates_per_epoch: float | None):
-    """The rate factor as a function of the PS version ``step``, or None if always 1."""
-    sched = opt.schedule
-    uses_epochs = bool(sched.decay_epochs) or sched.warmup_epochs > 0
-    if uses_epochs and updates_per_epoch is None:
-        raise ScenarioError(
-            "optimizer.schedule",
-            "decay_epochs / warmup_epochs need updates_per_epoch (pass it to make_core, "
-            "or use warmup_updates)",
-        )
-    if updates_per_epoch is not None and not updates_per_epoch > 0:
-        raise ValueError(f"updates_per_epoch must be > 0, got {updates_per_epoch!r}")
-    if sched.warmup_epochs > 0 and sched.warmup_updates > 0:
-        raise ScenarioError("optimizer.schedule", "give warmup_epochs or warmup_updates, not both")
-    # Decay after epoch e means from update ceil(e * updates_per_epoch) on (epoch = step /
-    # updates_per_epoch >= e). Thresholds are integers computed here in float64, rounded
-    # so that 0.1 * 30 is 3, so the traced comparison is exact integer arithmetic.
-    thresholds = [
-        math.ceil(round(e * updates_per_epoch, 9))
-        for e in sched.decay_epochs  # type: ignore[operator]
-    ]
-    # factors[k] = decay_factor ** k, computed in float64 then rounded once to float32.
-    factors = np.asarray(
-        [sched.decay_factor**k for k in range(len(thresholds) + 1)], dtype=np.float32
-    )
-    if sched.warmup_updates > 0:
-        warmup = float(sched.warmup_updates)
-    else:
-        warmup = sched.warmup_epochs * updates_per_epoch if sched.warmup_epochs > 0 else 0.0
-    if not thresholds and warmup == 0.0:
-        return None  # no schedule: skip the multiply entirely (cheaper, trivially exact)
-
-    def factor(step):
-        step = jnp.asarray(step)
-        out = jnp.float32(1.0)
-        if thresholds:
-            passed = sum((step >= t).astype(jnp.int32) for t in thresholds)
-            out = jnp.asarray(factors)[passed]
-        if warmup > 0:
-            ramp = (step.astype(jnp.float32) + 1.0) / jnp.float32(warmup)
-            out = out * jnp.minimum(ramp, 1.0)
-        return out
-
-    return factor
 
 
 # ----------------------------------------------------------------------------- weight decay
@@ -300,18 +253,19 @@ def make_core(
     # schedule, weight-decay multipliers, momentum kind and style), as optax builds its
     # transforms; the arithmetic of each momentum kind lives in _plain and _shifted.
     kind = check_momentum_kind(opt.momentum.kind)
-    style = check_choice("optimizer.momentum.style", opt.momentum.style or "caffe", MOMENTUM_STYLES)
+    style = check_choice("optimizer.momentum.style", opt.momentum.style or "caffe",
+                         MOMENTUM_STYLES)
     staleness_from = check_choice("optimizer.lr_staleness", opt.lr_staleness or "actual",
-                             LR_STALENESS)
+                                  LR_STALENESS)
     scope = check_choice("optimizer.weight_decay_scope", opt.weight_decay_scope or "all",
-                    WEIGHT_DECAY_SCOPES)
+                         WEIGHT_DECAY_SCOPES)
     damp = check_dampening(opt.momentum)
     if num_learners < 1:
         raise ValueError(f"num_learners must be >= 1, got {num_learners!r}")
     if staleness_from == "nominal" and nominal_staleness is None:
         raise ScenarioError("optimizer.lr_staleness", NOMINAL_NEEDS)
     rule = get_lr_rule(opt.lr_rule)
-    schedule = _make_schedule(opt, updates_per_epoch)
+    schedule = make_schedule(opt, updates_per_epoch)
     wd_mult = dict(opt.weight_decay_mult)
     torch_style = style == "torch"
 
