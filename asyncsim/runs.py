@@ -458,5 +458,13 @@ def write_provenance(folder: Path, scn: Scenario, **extra: Any) -> None:
     atomic_write_json(folder / "provenance.json", provenance(scn, **extra))
 
 
+def add_provenance(folder: Path, **fields: Any) -> None:
+    """Add ``fields`` to ``folder``'s provenance.json (what is known only at the end of a
+    run, such as its use of the compilation cache); no file, nothing to add to."""
+    path = folder / "provenance.json"
+    if path.exists():
+        atomic_write_json(path, {**_io.read_json(path, what="provenance.json"), **fields})
+
+
 def write_summary(folder: Path, summary: Mapping[str, Any]) -> None:
     atomic_write_json(folder / SUMMARY, summary)

@@ -36,6 +36,7 @@ from asyncsim._io import DamagedFile, atomic, damaged, npz_member, read_npz
 from asyncsim.config import Scenario
 from asyncsim.drivers.record import check_resume
 from asyncsim.errors import ScenarioError
+from asyncsim.numerics import compile_cache
 from asyncsim.numerics.core import CoreState, param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay
 from asyncsim.numerics.models import num_params
@@ -569,6 +570,7 @@ class Driver:
             summary.update(compare(summary, final.params))
         folder = self.folder
         if folder is not None:
+            runs.add_provenance(folder, compilation_cache=compile_cache.stats())
             trace.save(folder)
             runs.atomic_write_text(folder / "eval.csv", evals.to_csv(index=False))
             with atomic(folder / "updates.parquet") as tmp:

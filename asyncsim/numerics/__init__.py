@@ -7,3 +7,8 @@ timing *rows* a driver hands them. Modules: :mod:`.core` (the optax-style update
 :mod:`.lr_rules` (the one table of learning-rate rules), :mod:`.models`, :mod:`.data`,
 :mod:`.numerics` (:class:`~asyncsim.numerics.numerics.Numerics`: a scenario's programs).
 """
+
+from asyncsim.numerics.compile_cache import enable as _enable_compile_cache
+
+# Before anything compiles: JAX's persistent compilation cache (compile_cache's docstring).
+_enable_compile_cache()

@@ -14,6 +14,7 @@ Built-ins: ``constant`` (α0), ``inverse-staleness`` (P1's α0/τ, α0 at τ = 0
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -134,10 +135,16 @@ def rate_at_delay(name: str, lr, tau):
         raise ValueError("tau must be non-negative")
     lr64, tau64 = np.broadcast_arrays(lr64, tau64)
     with _x64():
-        out = np.asarray(jax.vmap(lambda a, t: jnp.reshape(rule(a, t[None], t), (-1,))[0])(
-            jnp.asarray(lr64.ravel()), jnp.asarray(tau64.ravel())), np.float64)
+        out = np.asarray(_rate_program(rule)(lr64.ravel(), tau64.ravel()), np.float64)
     out = out.reshape(lr64.shape)
     return float(out) if out.ndim == 0 else out
+
+
+@functools.cache
+def _rate_program(rule: LrRule):
+    """``rule`` at each (lr, tau) pair, one compiled program (not one per operation of the
+    rule, as calling it op by op compiles)."""
+    return jax.jit(jax.vmap(lambda a, t: jnp.reshape(rule(a, t[None], t), (-1,))[0]))
 
 
 def _x64():

@@ -20,6 +20,7 @@ per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,19 @@ Row = tuple[int, int, int, int]  # (learner, batch, read_version, staleness)
 
 def init_key(seed: int) -> jax.Array:
     """The key a scenario's model is initialised with (every driver, every figure)."""
+    return _init_key(np.uint32(seed))
+
+
+@jax.jit
+def _init_key(seed):
+    # One program, not four (seed, fold-in, their conversions): integer arithmetic only,
+    # so the same bits as the operations run one by one.
     return jax.random.fold_in(jax.random.PRNGKey(seed), INIT_TAG)
+
+
+def _to_device(a: np.ndarray) -> jax.Array:
+    """``a`` on the default device in JAX's dtype for it (int64 labels -> int32)."""
+    return jax.device_put(np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)))
 
 
 def build_model(scn: Scenario) -> Model:
@@ -86,10 +99,9 @@ class Programs:
     def __init__(self, model: Model, data: Dataset, scn: Scenario):
         self.model, self.data = model, data
         # Device-resident data, gathered inside jit by batch_indices.
-        self.x_train = jnp.asarray(data.x_train)
-        self.y_train = jnp.asarray(data.y_train)
-        self.x_test = jnp.asarray(data.x_test)
-        self.y_test = jnp.asarray(data.y_test)
+        # (device_put, not jnp.asarray: no conversion program to compile per array.)
+        self.x_train, self.y_train, self.x_test, self.y_test = (
+            _to_device(a) for a in (data.x_train, data.y_train, data.x_test, data.y_test))
         vg = grad_fn(model)
         seed, mu, n = scn.seed, scn.data.batch_size, int(data.x_train.shape[0])
 
@@ -253,7 +265,15 @@ class Numerics:
         return self.model.init(init_key(self.seed))
 
     def init_state(self, **hyper: Any) -> CoreState:
-        return self.core.init(self.init_params(), **hyper)
+        # One program for the zero buffers and the hyperparameters (zeros and float32
+        # casts: the same bits as op by op); hyperparameters are traced, so a sweep over lr
+        # compiles it once.
+        given = {k: v for k, v in hyper.items() if v is not None}
+        return self._init_state(self.init_params(), given)
+
+    @functools.cached_property
+    def _init_state(self):
+        return jax.jit(lambda params, hyper: self.core.init(params, **hyper))
 
     # ------------------------------------------------------------------ one update
     def _grouped_gradients(self, versions: dict[int, Any], rows: Sequence[Row]):

@@ -27,6 +27,7 @@ from asyncsim.drivers.real.actors import (
 )
 from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
+from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.cluster import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
@@ -139,12 +140,14 @@ def numerics_env(threads: int | None = None) -> dict[str, str]:
     ``OMP_NUM_THREADS``, capped at the affinity); see :func:`.actors.thread_counts`. So a
     worker gets both counts of this process explicitly (``threads``: both set to that
     instead), whatever its own affinity and whatever Ray sets (``OMP_NUM_THREADS=1``), plus
-    this process's ``JAX_*``/``XLA_*`` variables (``XLA_FLAGS`` can change the programs; a
-    persistent compile cache lets a restarted learner load its gradient function instead
-    of compiling it again).
+    this process's ``JAX_*``/``XLA_*`` variables (``XLA_FLAGS`` can change the programs) and
+    ``ASYNCSIM_CACHE_DIR`` (the persistent compilation cache, :mod:`asyncsim.numerics.
+    compile_cache`, lets a restarted learner load its gradient function instead of
+    compiling it again).
     """
 
-    env = {k: v for k, v in os.environ.items() if k.startswith(("JAX_", "XLA_"))}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("JAX_", "XLA_")) or k == compile_cache.ENV}
     if threads is not None:
         return {**env, "PJRT_NPROC": str(threads), "OMP_NUM_THREADS": str(threads),
                 "OPENBLAS_NUM_THREADS": str(threads)}
@@ -294,9 +297,10 @@ def _real_run(scn, folder, resume, address, emulate_compute, threads, learner_cp
     jobs = [ray.put((job_id, scn, k, emulate_compute, plugins)) for k in range(lam)]
     try:
         ps = cluster.ps
-        if "JAX_COMPILATION_CACHE_DIR" in cluster.opts["runtime_env"]["env_vars"]:
-            # One learner compiles and fills the persistent cache; the others then load it
-            # (on 2 cores, λ concurrent compiles of the same function cost λ times the CPU).
+        if compile_cache.stats()["enabled"]:
+            # One learner compiles and fills the persistent cache (the learners use this
+            # process's folder: compile_cache); the others then load it (on 2 cores, λ
+            # concurrent compiles of the same function cost λ times the CPU).
             _ready(learners[:1], jobs[:1])
         _ready(learners, jobs)
         _check_threads(learners, cluster.counts)

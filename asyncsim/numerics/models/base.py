@@ -220,5 +220,41 @@ def conv2d(x: jax.Array, w: jax.Array, stride: int = 1, pad: int | str = "SAME")
     )
 
 
+# Initialisers run once per run, op by op. Each JAX op on a new shape is a program to trace,
+# lower and compile (or load from the compilation cache), so the scaling, the zeros and the
+# key splitting are done on the host: numpy's float32 multiply rounds as XLA's does, so the
+# values are the bits the device ops gave. (Jitting a whole init would fuse the scaling into
+# the sampler and change the last bits of every model's initial weights.)
 def he_normal(key: jax.Array, shape: Sequence[int], fan_in: int) -> jax.Array:
-    return jax.random.normal(key, shape, jnp.float32) * jnp.float32(math.sqrt(2.0 / fan_in))
+    return scaled_normal(key, shape, math.sqrt(2.0 / fan_in))
+
+
+def scaled_normal(key: jax.Array, shape: Sequence[int], std: float) -> jax.Array:
+    """``std * N(0, 1)`` of ``shape`` in float32 (``jax.random.normal``'s draw)."""
+    return scaled(jax.random.normal(key, tuple(shape), jnp.float32), std)
+
+
+def scaled(x: jax.Array, factor: float) -> jax.Array:
+    """``x * factor`` in float32 (``factor`` rounded to float32 first, as JAX rounds a
+    Python scalar), on the host; traced (an init under ``jax.eval_shape`` or ``jit``), the
+    same multiply on the device."""
+    if isinstance(x, jax.core.Tracer):
+        return x * jnp.float32(factor)
+    return jax.device_put(np.asarray(x) * np.float32(factor))
+
+
+def zeros(shape: Sequence[int]) -> jax.Array:
+    """float32 zeros for an initialiser, with no program to compile."""
+    return jax.device_put(np.zeros(tuple(shape), np.float32))
+
+
+def ones(shape: Sequence[int]) -> jax.Array:
+    """float32 ones for an initialiser, with no program to compile."""
+    return jax.device_put(np.ones(tuple(shape), np.float32))
+
+
+def split_keys(key: jax.Array, n: int) -> list[np.ndarray]:
+    """``jax.random.split(key, n)`` as a list of host keys (iterating a device array of
+    keys compiles a program to unstack it)."""
+    keys = jax.random.split(key, n)
+    return list(keys) if isinstance(keys, jax.core.Tracer) else list(np.asarray(keys))

@@ -15,7 +15,12 @@ from asyncsim.numerics.models.base import (
     classifier,
     conv2d,
     he_normal,
+    ones,
     register_model,
+    scaled,
+    scaled_normal,
+    split_keys,
+    zeros,
 )
 
 
@@ -99,15 +104,15 @@ def cifar10_full(*, lrn: bool = True, init: str = "he", num_classes: int = 10) -
     caffe_std = {"conv1": 1e-4, "conv2": 1e-2, "conv3": 1e-2, "fc": 1e-2}
 
     def init_fn(key: jax.Array) -> PyTree:
-        keys = jax.random.split(key, len(shapes))
+        keys = split_keys(key, len(shapes))
         params = {}
         for k, (layer, shape) in zip(keys, shapes.items(), strict=True):
             fan_in = int(np.prod(shape[:-1]))
             if init == "he":
                 w = he_normal(k, shape, fan_in)
             else:
-                w = jax.random.normal(k, shape, jnp.float32) * jnp.float32(caffe_std[layer])
-            params[layer] = {"w": w, "b": jnp.zeros((shape[-1],), jnp.float32)}
+                w = scaled_normal(k, shape, caffe_std[layer])
+            params[layer] = {"w": w, "b": zeros((shape[-1],))}
         return params
 
     def norm(h: jax.Array) -> jax.Array:
@@ -152,32 +157,31 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
     num_blocks = len(blocks)
 
     def init_fn(key: jax.Array) -> PyTree:
-        keys = jax.random.split(key, len(convs) + 1)
+        keys = split_keys(key, len(convs) + 1)
         params: dict[str, dict[str, jax.Array]] = {}
         for k, (layer, ci, co, _, last) in zip(keys[:-1], convs, strict=True):
             if norm == "none" and last:
-                w = jnp.zeros((3, 3, ci, co), jnp.float32)  # Fixup: branch starts at zero
+                w = zeros((3, 3, ci, co))  # Fixup: branch starts at zero
             elif norm == "none" and layer != "conv_in":
                 # Fixup rescales the branch's other layers by L^(-1/(2m-2)), m = 2 layers.
-                w = he_normal(k, (3, 3, ci, co), 9 * ci) * num_blocks ** (-0.5)
+                w = scaled(he_normal(k, (3, 3, ci, co), 9 * ci), num_blocks ** (-0.5))
             else:
                 w = he_normal(k, (3, 3, ci, co), 9 * ci)
             params[layer] = {"w": w}
             if norm == "batch":
                 # BN scale/shift; the conv needs no bias in front of BN.
                 params[layer.replace("conv", "bn")] = {
-                    "w": jnp.ones((co,), jnp.float32),
-                    "b": jnp.zeros((co,), jnp.float32),
+                    "w": ones((co,)),
+                    "b": zeros((co,)),
                 }
             else:
-                params[layer]["b"] = jnp.zeros((co,), jnp.float32)
+                params[layer]["b"] = zeros((co,))
         fc_w = (
-            jnp.zeros((chans[-1], num_classes), jnp.float32)  # Fixup zero-inits the classifier
+            zeros((chans[-1], num_classes))  # Fixup zero-inits the classifier
             if norm == "none"
-            else jax.random.normal(keys[-1], (chans[-1], num_classes), jnp.float32)
-            * jnp.float32(1.0 / math.sqrt(chans[-1]))
+            else scaled_normal(keys[-1], (chans[-1], num_classes), 1.0 / math.sqrt(chans[-1]))
         )
-        params["fc"] = {"w": fc_w, "b": jnp.zeros((num_classes,), jnp.float32)}
+        params["fc"] = {"w": fc_w, "b": zeros((num_classes,))}
         return params
 
     def conv_norm(params: PyTree, layer: str, h: jax.Array, stride: int) -> jax.Array:

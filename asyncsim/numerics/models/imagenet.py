@@ -18,7 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._checks import flag, integer
-from asyncsim.numerics.models.base import Model, classifier, he_normal, register_model
+from asyncsim.numerics.models.base import (
+    Model,
+    classifier,
+    he_normal,
+    register_model,
+    split_keys,
+    zeros,
+)
 
 __all__ = ["alexnet"]
 
@@ -65,9 +72,9 @@ def alexnet(*, num_classes: int = 1000, image_size: int = 227, lrn: bool = True)
     }
 
     def init_fn(key):
-        keys = jax.random.split(key, len(shapes))
+        keys = split_keys(key, len(shapes))
         return {name: {"w": he_normal(k, shp, int(np.prod(shp[:-1]))),
-                       "b": jnp.zeros((shp[-1],), jnp.float32)}
+                       "b": zeros((shp[-1],))}
                 for k, (name, shp) in zip(keys, shapes.items(), strict=True)}
 
     def norm(h):

@@ -19,7 +19,10 @@ from asyncsim.numerics.models.base import (
     classifier,
     he_normal,
     register_model,
+    scaled,
     softmax_xent,
+    split_keys,
+    zeros,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -72,11 +75,12 @@ def mlp(
     names = [f"dense{i + 1}" for i in range(len(sizes) - 2)] + ["fc"]
 
     def init_fn(key: jax.Array) -> PyTree:
-        keys = jax.random.split(key, len(names))
+        keys = split_keys(key, len(names))
         return {
             name: {
-                "w": he_normal(k, (a, b), a) * (hidden_gain if name != "fc" else math.sqrt(0.5)),
-                "b": jnp.zeros((b,), jnp.float32),
+                "w": scaled(he_normal(k, (a, b), a),
+                            hidden_gain if name != "fc" else math.sqrt(0.5)),
+                "b": zeros((b,)),
             }
             for k, name, a, b in zip(keys, names, sizes[:-1], sizes[1:], strict=True)
         }

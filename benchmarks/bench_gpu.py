@@ -1,0 +1,186 @@
+"""The GPU path, measured: P1's network at P1's per-learner batch, and a projection of the
+P1-F3 paper profile's wall time from what is measured here.
+
+One script, one table (at most ~5 minutes on one GPU; ``--tiny``: the same rows at toy size on
+the CPU in well under two minutes, tested in tests/test_bench_gpu.py):
+
+1. gradients/s at mu = 4 of P1's network (``cifar10-full``): one jitted call per gradient;
+   one vmapped call per read version for lambda = 30 learners (``grouping = "version"``, what
+   hardsync's updates share); one vmapped call over K distinct versions (K gradients whose
+   read versions already exist, as a replay's version store holds them);
+2. an online run (30-softsync, lambda = 30, mu = 4) / the plain jitted mu = 4 SGD loop over
+   the same samples;
+3. replay of that run's trace: the loop path and the compiled-scan path;
+4. a 16-point learning-rate sweep over the trace in one vmapped program / 16 loop replays;
+5. peak memory: the device's peak bytes in use where the backend reports it (GPU), else the
+   process's max RSS;
+6. the projection: the P1-F3 paper profile (``scenarios/p1_f3_lr_modulation.toml --profile
+   paper``: its points, epochs, train-set size and mu, read from the file) needs
+   ``points x epochs x n_train / mu`` gradients; at row 2's online rate that is the wall time
+   below, and at row 1's fastest rate a lower bound for a driver that batched every
+   gradient that way. Evaluations and compilation are not included.
+
+    python benchmarks/bench_gpu.py [--tiny]
+
+Nothing here changes a number asyncsim computes: the rows time the existing programs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _util import best, best_interleaved, peak_rss_mib, plain_sgd_loop  # noqa: E402
+
+from asyncsim.api import run, simulate  # noqa: E402
+from asyncsim.drivers.replay import replay  # noqa: E402
+from asyncsim.drivers.scan import replay_scan  # noqa: E402
+from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
+from asyncsim.numerics.numerics import Numerics  # noqa: E402
+from asyncsim.scenario import load_scenario, point_scenarios  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+# (model, learners, samples of the online epoch, gradients timed one by one, K versions)
+SIZES = {
+    "full": ({"name": "cifar10-full"}, 30, 12_800, 2_000, 64),
+    "tiny": ({"name": "mlp", "hidden": [16], "input_pool": 4}, 6, 480, 200, 8),
+}
+MU = 4
+
+
+def scenario(model, learners, samples, protocol, n_train):
+    return load_scenario({
+        "seed": 0, "model": model,
+        "data": {"name": "synthetic-cifar", "batch_size": MU, "n_train": n_train,
+                 "n_test": 100},
+        "cluster": {"learners": learners, "compute": {"dist": "lognormal", "mean": 1.0,
+                                                      "cv": 0.1}},
+        "protocol": protocol, "optimizer": {"lr": 0.001},
+        "run": {"gradients": samples // MU, "eval_samples": 100}})
+
+
+def gradient_rates(num: Numerics, learners: int, grads: int, k: int, repeat: int):
+    """Row 1: gradients/s one by one, grouped by one version, vmapped over K versions."""
+    params = num.init_params()
+    x, y = num.x_train, num.y_train
+    pairs = [(i % learners, i // learners) for i in range(grads)]
+
+    def one_by_one():
+        return [num.grad(params, x, y, np.int32(l), np.int32(b))[0] for l, b in pairs]
+
+    ls = np.asarray([l for l, _ in pairs[:learners]], np.int32)
+    bs = np.asarray([b for _, b in pairs[:learners]], np.int32)
+    rounds = max(1, grads // learners)
+
+    def grouped():
+        return [num._grad_group(params, x, y, ls, bs + r)[0] for r in range(rounds)]
+
+    versions = jax.tree_util.tree_map(
+        lambda p: jnp.stack([p * (1.0 + 1e-3 * i) for i in range(k)]), params)
+    over_versions = jax.jit(jax.vmap(num.programs.one, in_axes=(0, None, None, 0, 0)))
+    kl = np.arange(k, dtype=np.int32) % learners
+    per = max(1, grads // k)
+
+    def vmapped():
+        return [over_versions(versions, x, y, kl, np.full(k, r, np.int32))[0]
+                for r in range(per)]
+
+    fns = {"one by one": one_by_one, "grouped by version": grouped,
+           f"vmapped over {k} versions": vmapped}
+    counts = {"one by one": grads, "grouped by version": rounds * learners,
+              f"vmapped over {k} versions": per * k}
+    for fn in fns.values():
+        jax.block_until_ready(fn())  # compile
+    t = best_interleaved(fns, repeat)
+    return {name: counts[name] / t[name] for name in fns}
+
+
+def device_peak() -> str:
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return f"{stats['peak_bytes_in_use'] / 2**20:.0f} MiB on {jax.devices()[0].device_kind}"
+    return f"{peak_rss_mib():.0f} MiB (max RSS; the {jax.default_backend()} backend reports " \
+           f"no device peak)"
+
+
+def p1_f3_gradients() -> tuple[int, int]:
+    """(points, gradients in all) of the P1-F3 paper profile, from its scenario file."""
+    scn = load_scenario(REPO / "scenarios" / "p1_f3_lr_modulation.toml", profile="paper",
+                        validate=False)
+    points = [p for _, _, p in point_scenarios(scn)]
+    total = 0
+    for p in points:
+        n_train = int(p.data.options.get("n_train", 50_000))
+        total += int(round(float(p.run.epochs) * n_train / p.data.batch_size))
+    return len(points), total
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="toy size, on whatever JAX runs on")
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args(argv)
+    model, lam, samples, grads, k = SIZES["tiny" if a.tiny else "full"]
+    t_start = time.perf_counter()
+    print(f"backend: {jax.default_backend()} ({jax.devices()[0].device_kind}); model "
+          f"{model['name']}, mu = {MU}, lambda = {lam}")
+    rows: dict[str, float] = {}
+
+    num = Numerics(scenario(model, lam, samples, {"kind": "async"}, max(samples, 1024)))
+    for name, rate in gradient_rates(num, lam, grads, k, a.repeat).items():
+        rows[f"gradients/s, {name}"] = rate
+
+    scn = scenario(model, lam, samples, {"kind": "softsync", "n": lam}, max(samples, 1024))
+    snum = Numerics(scn)
+    res = run(scn, numerics=snum)  # compiles
+    g = res.trace.grads
+    plain = plain_sgd_loop(snum, 0.001, list(zip(g["learner"].tolist(), g["batch"].tolist(),
+                                                 strict=True)), MU)
+    t = best_interleaved({"online": lambda: run(scn, numerics=snum).params, "plain": plain},
+                         a.repeat)
+    rows["online / plain SGD (time)"] = t["online"] / t["plain"]
+    rows["online gradients/s"] = res.trace.num_gradients / t["online"]
+
+    trace = simulate(scn)
+    replay(scn, trace, numerics=snum)
+    replay_scan(scn, trace, numerics=snum)
+    t = best_interleaved({"loop": lambda: replay(scn, trace, numerics=snum).params,
+                          "scan": lambda: replay_scan(scn, trace, numerics=snum).params},
+                         a.repeat)
+    rows["replay loop (s)"], rows["replay scan (s)"] = t["loop"], t["scan"]
+
+    hypers = [{"lr": float(x)} for x in np.geomspace(1e-4, 1e-2, 16)]
+    replay_vmapped(scn, trace, hypers, numerics=snum)
+    t_vm = best(lambda: [r.params for r in replay_vmapped(scn, trace, hypers, numerics=snum)],
+                1)
+    rows["16-point vmapped sweep / 16 loop replays"] = t_vm / (16 * rows["replay loop (s)"])
+
+    n_points, total = p1_f3_gradients()
+    fastest = max(v for name, v in rows.items() if name.startswith("gradients/s"))
+    rows["P1-F3 paper profile, projected at the online rate (h)"] = (
+        total / rows["online gradients/s"] / 3600)
+    rows["P1-F3 paper profile, bound at the fastest gradient rate (h)"] = total / fastest / 3600
+
+    width = max(map(len, rows))
+    print(f"{'measure':<{width}}  value")
+    for name, v in rows.items():
+        print(f"{name:<{width}}  {v:,.3f}")
+    print(f"{'peak memory':<{width}}  {device_peak()}")
+    print(f"(P1-F3 paper profile: {n_points} runs, {total:,} gradients of mu = {MU} in all, "
+          f"projected as gradients / measured rate, without evaluations or compilation"
+          f"{'; --tiny times a toy model, so its projection says nothing' if a.tiny else ''}; "
+          f"this script: {time.perf_counter() - t_start:.0f} s)")
+    rows["P1-F3 paper profile gradients"] = float(total)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
