@@ -460,10 +460,15 @@ def write_provenance(folder: Path, scn: Scenario, **extra: Any) -> None:
 
 def add_provenance(folder: Path, **fields: Any) -> None:
     """Add ``fields`` to ``folder``'s provenance.json (what is known only at the end of a
-    run, such as its use of the compilation cache); no file, nothing to add to."""
+    run, such as its use of the compilation cache); no readable file, nothing to add to."""
     path = folder / "provenance.json"
-    if path.exists():
-        atomic_write_json(path, {**_io.read_json(path, what="provenance.json"), **fields})
+    try:
+        recorded = _io.read_json(path, what="provenance.json")
+    except _io.DamagedFile:
+        # Missing or damaged (a resumed run's, say): the commands that read it say so; the
+        # run that is finishing is not the place to fail.
+        return
+    atomic_write_json(path, {**recorded, **fields})
 
 
 def write_summary(folder: Path, summary: Mapping[str, Any]) -> None:

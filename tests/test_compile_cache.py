@@ -79,3 +79,15 @@ def test_the_default_folder_is_the_users_cache_folder(tmp_path):
     _, prov, _ = _run(tmp_path, "default", None, XDG_CACHE_HOME=str(tmp_path / "xdg"))
     assert prov["compilation_cache"]["dir"] == str(tmp_path / "xdg" / "asyncsim" / "jax")
     assert prov["compilation_cache"]["misses"] > 0
+
+
+def test_a_cache_filled_under_one_thread_count_serves_another_with_its_numbers(tmp_path):
+    """XLA's CPU thread count (PJRT_NPROC) acts when a program runs, not when it is compiled:
+    programs compiled with one thread and loaded by a run with two give that run the numbers
+    it computes with the cache off."""
+    folder = str(tmp_path / "cache")
+    _run(tmp_path, "one-thread", folder, PJRT_NPROC="1")
+    warm, prov, _ = _run(tmp_path, "two-threads", folder, PJRT_NPROC="2")
+    off, _, _ = _run(tmp_path, "two-threads-off", "off", PJRT_NPROC="2")
+    assert prov["compilation_cache"]["hits"] > 0 and prov["pjrt_nproc"] == "2"
+    assert warm["param_hash"] == off["param_hash"]
