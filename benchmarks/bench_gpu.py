@@ -133,10 +133,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"backend: {jax.default_backend()} ({jax.devices()[0].device_kind}); model "
           f"{model['name']}, mu = {MU}, lambda = {lam}")
     rows: dict[str, float] = {}
+    width = 60
+    print(f"{'measure':<{width}}  value")
+
+    def report(name: str, value: float) -> None:
+        rows[name] = value  # printed as soon as it is measured: a long run shows progress
+        print(f"{name:<{width}}  {value:,.3f}", flush=True)
 
     num = Numerics(scenario(model, lam, samples, {"kind": "async"}, max(samples, 1024)))
     for name, rate in gradient_rates(num, lam, grads, k, a.repeat).items():
-        rows[f"gradients/s, {name}"] = rate
+        report(f"gradients/s, {name}", rate)
 
     scn = scenario(model, lam, samples, {"kind": "softsync", "n": lam}, max(samples, 1024))
     snum = Numerics(scn)
@@ -146,8 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                                                  strict=True)), MU)
     t = best_interleaved({"online": lambda: run(scn, numerics=snum).params, "plain": plain},
                          a.repeat)
-    rows["online / plain SGD (time)"] = t["online"] / t["plain"]
-    rows["online gradients/s"] = res.trace.num_gradients / t["online"]
+    report("online / plain SGD (time)", t["online"] / t["plain"])
+    report("online gradients/s", res.trace.num_gradients / t["online"])
 
     trace = simulate(scn)
     replay(scn, trace, numerics=snum)
@@ -155,24 +161,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     t = best_interleaved({"loop": lambda: replay(scn, trace, numerics=snum).params,
                           "scan": lambda: replay_scan(scn, trace, numerics=snum).params},
                          a.repeat)
-    rows["replay loop (s)"], rows["replay scan (s)"] = t["loop"], t["scan"]
+    report("replay loop (s)", t["loop"])
+    report("replay scan (s)", t["scan"])
 
     hypers = [{"lr": float(x)} for x in np.geomspace(1e-4, 1e-2, 16)]
     replay_vmapped(scn, trace, hypers, numerics=snum)
     t_vm = best(lambda: [r.params for r in replay_vmapped(scn, trace, hypers, numerics=snum)],
                 1)
-    rows["16-point vmapped sweep / 16 loop replays"] = t_vm / (16 * rows["replay loop (s)"])
+    report("16-point vmapped sweep / 16 loop replays", t_vm / (16 * rows["replay loop (s)"]))
 
     n_points, total = p1_f3_gradients()
     fastest = max(v for name, v in rows.items() if name.startswith("gradients/s"))
-    rows["P1-F3 paper profile, projected at the online rate (h)"] = (
-        total / rows["online gradients/s"] / 3600)
-    rows["P1-F3 paper profile, bound at the fastest gradient rate (h)"] = total / fastest / 3600
-
-    width = max(map(len, rows))
-    print(f"{'measure':<{width}}  value")
-    for name, v in rows.items():
-        print(f"{name:<{width}}  {v:,.3f}")
+    report("P1-F3 paper profile, projected at the online rate (h)",
+           total / rows["online gradients/s"] / 3600)
+    report("P1-F3 paper profile, bound at the fastest gradient rate (h)", total / fastest / 3600)
     print(f"{'peak memory':<{width}}  {device_peak()}")
     print(f"(P1-F3 paper profile: {n_points} runs, {total:,} gradients of mu = {MU} in all, "
           f"projected as gradients / measured rate, without evaluations or compilation"
