@@ -29,6 +29,10 @@ def paper_point(name: str) -> asyncsim.Scenario:
     raw["data"] = {"name": "synthetic-cifar", "batch_size": raw["data"]["batch_size"],
                    "n_train": 1024, "n_test": 128}
     raw["run"] = {"updates": 3, "eval_every": 3, "eval_samples": 128}
+    # The run is cut to 3 updates: a point's own run length (P2-F1's regimes) goes too.
+    raw["sweep"] = {axis: [{k: v for k, v in p.items() if k != "run.epochs"}
+                           if isinstance(p, dict) else p for p in values]
+                    for axis, values in raw.get("sweep", {}).items()}
     scn = asyncsim.load_scenario(raw)
     point = max(sweep_points(scn), key=lambda p: apply_point(scn, p).cluster.learners)
     return apply_point(scn, point)
@@ -59,4 +63,5 @@ def test_p2_f1_paper_profile_mechanics():
     scn = paper_point("p2_f1")
     assert scn.model.name == "resnet44" and scn.model.options.get("norm") == "batch"
     assert scn.protocol.tau == 32 and scn.data.batch_size == 128
+    assert scn.optimizer.momentum.style == "torch" and scn.optimizer.lr_staleness == "nominal"
     check_runs_and_replays(scn)
