@@ -20,7 +20,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from asyncsim.errors import ScenarioError, did_you_mean
 
@@ -141,6 +141,32 @@ def check_dampening(momentum: MomentumConfig) -> float | str | None:
     if not 0.0 <= d < 1.0:
         raise ScenarioError(key, f"must be in [0, 1), got {d}")
     return float(d)
+
+
+class OptimizerChoices(NamedTuple):
+    """The optimizer's named choices, checked and with their defaults filled in
+    (:func:`optimizer_choices`)."""
+
+    kind: str  # MOMENTUM_KINDS
+    style: str  # MOMENTUM_STYLES
+    lr_staleness: str  # LR_STALENESS
+    weight_decay_scope: str  # WEIGHT_DECAY_SCOPES
+    dampening: float | str | None  # check_dampening
+
+
+def optimizer_choices(opt: OptimizerConfig) -> OptimizerChoices:
+    """The one check of an optimizer's named choices (momentum kind and style, dampening,
+    lr staleness, weight-decay scope), for scenario files and ``make_core`` alike; a
+    ScenarioError under the key at fault."""
+    m = opt.momentum
+    return OptimizerChoices(
+        kind=check_momentum_kind(m.kind),
+        style=check_choice("optimizer.momentum.style", m.style or "caffe", MOMENTUM_STYLES),
+        lr_staleness=check_choice("optimizer.lr_staleness", opt.lr_staleness or "actual",
+                                  LR_STALENESS),
+        weight_decay_scope=check_choice("optimizer.weight_decay_scope",
+                                        opt.weight_decay_scope or "all", WEIGHT_DECAY_SCOPES),
+        dampening=check_dampening(m))
 
 
 @dataclass(frozen=True)

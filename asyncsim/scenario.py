@@ -34,18 +34,14 @@ from asyncsim._io import dump_toml, read_toml
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
 from asyncsim.config import (
-    LR_STALENESS,
-    MOMENTUM_STYLES,
     NOMINAL_NEEDS,
     SWEEP_PATHS,
-    WEIGHT_DECAY_SCOPES,
     DataConfig,
     ModelConfig,
     Scenario,
-    check_choice,
-    check_dampening,
     check_momentum_kind,
     from_dict,
+    optimizer_choices,
     to_dict,
 )
 from asyncsim.errors import ScenarioError, did_you_mean
@@ -357,15 +353,10 @@ def _check_optimizer(scn: Scenario) -> None:
     o = scn.optimizer
     _positive("optimizer.lr", o.lr)
     get_lr_rule(o.lr_rule)  # an unknown (or unloadable) rule names optimizer.lr_rule
-    check_momentum_kind(o.momentum.kind)
+    choices = optimizer_choices(o)
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
-    check_choice("optimizer.momentum.style", o.momentum.style or "caffe", MOMENTUM_STYLES)
-    check_dampening(o.momentum)
-    check_choice("optimizer.weight_decay_scope", o.weight_decay_scope or "all",
-                 WEIGHT_DECAY_SCOPES)
-    if check_choice("optimizer.lr_staleness", o.lr_staleness or "actual",
-                    LR_STALENESS) == "nominal":
+    if choices.lr_staleness == "nominal":
         from asyncsim.timing.protocols import get_protocol_class  # see check
 
         proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)

@@ -206,21 +206,21 @@ def _up_to_date(folder: Path, scn: Scenario) -> bool:
         saved = read_toml(folder / "scenario.toml")
     except DamagedFile:
         return False  # run again
-    return not scenario_changes(saved, scn) and _same_timing_model(folder, scn)
-
-
-def _same_timing_model(folder: Path, scn: Scenario) -> bool:
-    """Whether ``folder``'s trace was simulated under the timing model ``scn`` means now
-    (:func:`~asyncsim.timing.protocols.timing_revision`: fixed-delay "normal" was the racing
-    model before asyncsim 0.3)."""
-    revision = timing_revision(scn.protocol)
-    if revision is None:
-        return True
+    if scenario_changes(saved, scn):
+        return False
+    if timing_revision(scn.protocol) is None:
+        return True  # nothing to read: no timing of this scenario changed meaning
     try:
-        meta = read_json(folder / "trace_meta.json")
+        return _same_timing_model(read_json(folder / "trace_meta.json"), scn)
     except DamagedFile:
         return False
-    return isinstance(meta, dict) and meta.get("timing_revision") == revision
+
+
+def _same_timing_model(trace_meta: Mapping[str, Any], scn: Scenario) -> bool:
+    """Whether a trace with ``trace_meta`` was simulated under the timing model ``scn``
+    means now (:func:`~asyncsim.timing.protocols.timing_revision`: fixed-delay "normal" was
+    the racing model before asyncsim 0.3)."""
+    return trace_meta.get("timing_revision") == timing_revision(scn.protocol)
 
 
 def _hyper_only(todo, scn: Scenario):
@@ -306,10 +306,11 @@ def _group_trace(scn: Scenario, folder: Path):
             saved = load_scenario(folder / "scenario.toml")
         except (ScenarioError, DamagedFile):
             saved = None
-        if (saved is not None and timing_key(saved) == timing_key(scn)
-                and _same_timing_model(folder, scn)):
+        if saved is not None and timing_key(saved) == timing_key(scn):
             try:
-                return Trace.load(folder)
+                trace = Trace.load(folder)
             except DamagedFile:
-                pass  # cheap to simulate again
+                trace = None  # cheap to simulate again
+            if trace is not None and _same_timing_model(trace.meta, scn):
+                return trace
     return trace_run(scn, folder, force=True).trace

@@ -31,7 +31,7 @@ TINY = {"name": "tiny", "seed": 7, "model": {"name": "mlp", "hidden": [16]},
         "optimizer": {"lr": 0.05}, "run": {"updates": 30, "eval_every": 10}}
 
 
-def _merge(base: dict, tables: dict) -> dict:
+def merged(base: dict, **tables) -> dict:
     """``base`` with ``tables`` laid over it, tables merged one level deep."""
     d = copy.deepcopy(base)
     for k, v in tables.items():
@@ -50,10 +50,10 @@ class TinyScenarios:
     def __call__(self, **tables):
         from asyncsim.scenario import load_scenario
 
-        return load_scenario(_merge(self.base, tables))
+        return load_scenario(merged(self.base, **tables))
 
     def with_defaults(self, **tables) -> TinyScenarios:
-        return TinyScenarios(_merge(self.base, tables))
+        return TinyScenarios(merged(self.base, **tables))
 
 
 @pytest.fixture(scope="session")

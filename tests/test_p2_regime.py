@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, merged
 
 import asyncsim
 from asyncsim.drivers.driver import numerics_for
@@ -24,10 +24,6 @@ FIXED4 = {**TINY, "protocol": {"kind": "fixed-delay", "tau": 4}, "cluster": {},
           "run": {"updates": 24, "eval_every": 0}}
 
 
-def _with(base: dict, **tables) -> dict:
-    return {**base, **{k: {**base.get(k, {}), **v} for k, v in tables.items()}}
-
-
 def test_nominal_eta_tau_is_constant_from_the_first_update():
     """P2's official regimes set eta_tau by hand: with lr_staleness = "nominal" every
     gradient, the first tau (staleness 0..3) included, takes eta0 sin(pi/18): the run equals
@@ -35,12 +31,12 @@ def test_nominal_eta_tau_is_constant_from_the_first_update():
     per-gradient rule, whose first four updates take larger rates. 8 updates: staleness
     0, 1, 2, 3, 4, 4, 4, 4, mean 2.75, so the rate at the mean staleness tells them apart."""
     eta0 = 0.05
-    short = _with(FIXED4, run={"updates": 8})
-    nominal = asyncsim.run(load_scenario(_with(short, optimizer={
+    short = merged(FIXED4, run={"updates": 8})
+    nominal = asyncsim.run(load_scenario(merged(short, optimizer={
         "lr": eta0, "lr_rule": "stability-edge", "lr_staleness": "nominal"})))
     eta4 = eta0 * math.sin(math.pi / 18)
-    by_hand = asyncsim.run(load_scenario(_with(short, optimizer={"lr": eta4})))
-    actual = asyncsim.run(load_scenario(_with(short, optimizer={
+    by_hand = asyncsim.run(load_scenario(merged(short, optimizer={"lr": eta4})))
+    actual = asyncsim.run(load_scenario(merged(short, optimizer={
         "lr": eta0, "lr_rule": "stability-edge"})))
     for a, b in zip(jnp.asarray(nominal.params["fc"]["w"]).ravel(),
                     jnp.asarray(by_hand.params["fc"]["w"]).ravel(), strict=True):
@@ -57,7 +53,7 @@ def test_nominal_eta_tau_is_constant_from_the_first_update():
 def test_eval_train_is_the_error_on_the_whole_train_set():
     """run.eval_train: summary.json's final_train_error is the fraction of the train set
     (labels as trained on, noise included) the final parameters misclassify."""
-    scn = load_scenario(_with(TINY, run={"eval_train": True}))
+    scn = load_scenario(merged(TINY, run={"eval_train": True}))
     res = asyncsim.run(scn)
     num = numerics_for(scn)
     logits = np.asarray(num.model.apply(res.params, num.x_train))
@@ -74,7 +70,7 @@ def test_the_official_normal_schedule_favours_the_stalest():
     (every Phi below 1e-300) always draws the stalest worker: round robin's staleness; a huge
     scale flattens the weights to the random schedule's."""
     def staleness(**protocol):
-        return asyncsim.simulate(load_scenario(_with(
+        return asyncsim.simulate(load_scenario(merged(
             FIXED4, protocol={"tau": 15, **protocol}, run={"updates": 6000}))).staleness[500:]
 
     s, r = staleness(schedule="normal"), staleness(schedule="random")
@@ -83,7 +79,7 @@ def test_the_official_normal_schedule_favours_the_stalest():
     assert np.mean(s < 5) < 0.02 < np.mean(r < 5)
     assert (staleness(schedule="normal", loc=1000.0, scale=1.0) == 15).all()
     assert staleness(schedule="normal", scale=1e6).std() > 12.0
-    trace = asyncsim.simulate(load_scenario(_with(FIXED4, protocol={"schedule": "normal"})))
+    trace = asyncsim.simulate(load_scenario(merged(FIXED4, protocol={"schedule": "normal"})))
     assert trace.meta["timing_revision"] == "normal=phi-draw"
 
 
@@ -96,7 +92,7 @@ def test_a_trace_or_checkpoint_of_the_old_normal_schedule_is_not_reused(tmp_path
     from asyncsim.cli import main
     from asyncsim.trace import Trace
 
-    raw = _with(FIXED4, protocol={"schedule": "normal"},
+    raw = merged(FIXED4, protocol={"schedule": "normal"},
                 run={"updates": 30, "checkpoint_every": 10})
     path = tmp_path / "s.toml"
     path.write_text(dump_toml({**raw, "sweep": {"optimizer.lr": [0.01, 0.02]}}))
@@ -173,7 +169,7 @@ def test_torch_style_runs_through_every_executor(tmp_path):
     from asyncsim.drivers.scan import replay_scan
     from asyncsim.runs import read_summary
 
-    raw = _with(TINY, optimizer={"lr": 0.02, "momentum": {
+    raw = merged(TINY, optimizer={"lr": 0.02, "momentum": {
         "kind": "shifted", "beta": 0.9, "style": "torch", "dampening": 0.5}},
         run={"updates": 40, "eval_every": 0, "checkpoint_every": 10})
     scn = load_scenario(raw)

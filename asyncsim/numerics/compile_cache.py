@@ -39,8 +39,8 @@ __all__ = ["ENV", "cache_dir", "enable", "stats"]
 ENV = "ASYNCSIM_CACHE_DIR"
 MAX_BYTES = 2 * 1024**3
 
-_state: dict[str, Any] = {"dir": None, "enabled": False, "reason": "not enabled yet",
-                          "hits": 0, "requests": 0}
+_state: dict[str, Any] = {"tried": False, "dir": None, "enabled": False,
+                          "reason": "not enabled yet", "hits": 0, "requests": 0}
 
 
 def cache_dir() -> Path | None:
@@ -78,8 +78,9 @@ def _count(event: str, **_: Any) -> None:
 def enable() -> dict[str, Any]:
     """Point JAX's persistent cache at :func:`cache_dir` (once per process); returns
     :func:`stats`. Never raises for the folder: an unusable one is a warning."""
-    if _state["reason"] != "not enabled yet":
+    if _state["tried"]:
         return stats()
+    _state["tried"] = True
     folder = cache_dir()
     if folder is None:
         _state["reason"] = f"{ENV}=off"

@@ -49,15 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim.config import (
-    LR_STALENESS,
     MOMENTUM_KINDS,
     MOMENTUM_STYLES,
     NOMINAL_NEEDS,
-    WEIGHT_DECAY_SCOPES,
     OptimizerConfig,
-    check_choice,
-    check_dampening,
     check_momentum_kind,
+    optimizer_choices,
 )
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.lr_rules import (  # noqa: F401  (re-exported: the core's rules)
@@ -252,14 +249,7 @@ def make_core(
     # Why this is long: init and apply are closures over the one configuration (rule,
     # schedule, weight-decay multipliers, momentum kind and style), as optax builds its
     # transforms; the arithmetic of each momentum kind lives in _plain and _shifted.
-    kind = check_momentum_kind(opt.momentum.kind)
-    style = check_choice("optimizer.momentum.style", opt.momentum.style or "caffe",
-                         MOMENTUM_STYLES)
-    staleness_from = check_choice("optimizer.lr_staleness", opt.lr_staleness or "actual",
-                                  LR_STALENESS)
-    scope = check_choice("optimizer.weight_decay_scope", opt.weight_decay_scope or "all",
-                         WEIGHT_DECAY_SCOPES)
-    damp = check_dampening(opt.momentum)
+    kind, style, staleness_from, scope, damp = optimizer_choices(opt)
     if num_learners < 1:
         raise ValueError(f"num_learners must be >= 1, got {num_learners!r}")
     if staleness_from == "nominal" and nominal_staleness is None:
