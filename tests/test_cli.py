@@ -221,6 +221,28 @@ def test_console_script_exit_status_and_single_line(tmp_path):
     assert "protocol.n" in r.stderr and "1..4" in r.stderr
 
 
+def test_the_console_exit_keeps_status_output_and_files(tmp_path):
+    # `asyncsim` ends with os._exit after its exit handlers (asyncsim.cli.console): what it
+    # printed into a pipe, its exit status and the run folder must all be there.
+    path = write(tmp_path, GOOD)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "asyncsim.cli", "trace", str(path), "--out",
+                        str(out), "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    r = subprocess.run([sys.executable, "-m", "asyncsim.cli", "trace", str(path), "--out",
+                        str(tmp_path / "again")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].split() == ["trace_hash", summary["trace_hash"]]
+    # An exit that did not come from a verb's return (argparse) keeps its own status.
+    r = subprocess.run([sys.executable, "-m", "asyncsim.cli", "--version"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip(), r
+    r = subprocess.run([sys.executable, "-m", "asyncsim.cli", "trace", "--bogus"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "required: scenario" in r.stderr
+
+
 def test_trace_writes_the_run_folder(tmp_path, capsys):
     path = write(tmp_path, GOOD)
     out = tmp_path / "run"
