@@ -159,6 +159,13 @@ def optimizer_choices(opt: OptimizerConfig) -> OptimizerChoices:
     lr staleness, weight-decay scope), for scenario files and ``make_core`` alike; a
     ScenarioError under the key at fault."""
     m = opt.momentum
+    if opt.transform is not None and m.kind != "none":
+        raise ScenarioError("optimizer.momentum.kind", f"must be \"none\" with "
+                            f"optimizer.transform (the transform owns its moments), got "
+                            f"{m.kind!r}")
+    if opt.transform is not None and m.style not in (None, "caffe"):
+        raise ScenarioError("optimizer.momentum.style", "is not used with optimizer.transform "
+                            "(the transform takes the rule as a weight, the rate outside)")
     return OptimizerChoices(
         kind=check_momentum_kind(m.kind),
         style=check_choice("optimizer.momentum.style", m.style or "caffe", MOMENTUM_STYLES),
@@ -191,7 +198,8 @@ class ScheduleConfig:
 @dataclass(frozen=True)
 class OptimizerConfig:
     lr: float = 0.01  # alpha_0 (P1) / eta_0 (P2)
-    lr_rule: str = "constant"  # constant | inverse-staleness | inverse-mean-staleness | ...
+    # constant | inverse-staleness | ... or a table { name = "polynomial", a = 0.5 }
+    lr_rule: str | Mapping[str, Any] = "constant"
     # actual (each gradient's staleness sets its rate) | nominal (the protocol's nominal
     # delay); None: actual
     lr_staleness: str | None = None
@@ -202,6 +210,12 @@ class OptimizerConfig:
     # all | weights (rank >= 2: conv kernels, dense matrices); None: all
     weight_decay_scope: str | None = None
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    # An optax optimizer alias stepping the PS, { name = "adam", b1 = 0.9, ... }
+    # (asyncsim.numerics.transforms); None: SGD with `momentum`
+    transform: Mapping[str, Any] | None = None
+    # Delay compensation from the read version, { kind = "dc-asgd", lambda = 0.04 }
+    # (asyncsim.numerics.compensation); None: none
+    compensation: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -348,12 +348,19 @@ def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
 
 
 def _check_optimizer(scn: Scenario) -> None:
-    from asyncsim.numerics.lr_rules import get_lr_rule  # see check
+    from asyncsim.numerics.compensation import compensation_spec  # see check
+    from asyncsim.numerics.lr_rules import make_lr_rule
 
     o = scn.optimizer
     _positive("optimizer.lr", o.lr)
-    get_lr_rule(o.lr_rule)  # an unknown (or unloadable) rule names optimizer.lr_rule
+    make_lr_rule(o.lr_rule)  # an unknown rule or a refused parameter names optimizer.lr_rule
     choices = optimizer_choices(o)
+    if o.transform is not None:
+        from asyncsim.numerics.transforms import make_transform
+
+        make_transform(o.transform)  # built and stepped once: optax's refusals, in one line
+    if o.compensation is not None:
+        compensation_spec(o.compensation)
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
     if choices.lr_staleness == "nominal":

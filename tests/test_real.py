@@ -132,6 +132,23 @@ def test_real_cifar10_full_replays_bit_for_bit(cluster, tmp_path):
     assert res.summary["param_hash"] == s["param_hash"] and res.summary["matches_source"]
 
 
+@pytest.mark.parametrize("optimizer", [
+    {"lr": 0.05, "compensation": {"kind": "dc-asgd-a"}},
+    {"lr": 0.01, "transform": {"name": "adam"}, "lr_rule": {"name": "polynomial", "a": 0.5},
+     "compensation": {"kind": "gap-aware"}},
+], ids=["dc-asgd-a", "adam-polynomial-gap-aware"])
+def test_real_runs_with_remedies_replay_bit_for_bit(cluster, tmp_path, tiny, optimizer):
+    # The real PS keeps the versions it served (compensation reads them) and steps the
+    # transform through the same update program as online and replay.
+    scn = tiny(optimizer=optimizer, protocol={"kind": "softsync", "n": 1},
+               run={"updates": 12, "eval_every": 0})
+    s = real_run(scn, out=tmp_path / "real", cluster=cluster)
+    trace = Trace.load(tmp_path / "real")
+    assert trace.grads["staleness"].max() > 0  # something to compensate
+    res = replay_folder(tmp_path / "real", out=tmp_path / "replay")
+    assert res.summary["param_hash"] == s["param_hash"] and res.summary["matches_source"]
+
+
 def test_a_diverging_real_run_stops_where_its_replay_stops(cluster, tmp_path, tiny):
     """The one Driver on Ray too: the PS stops at the diverged update (rolled back if it
     was found late), and the replay of its trace stops there."""

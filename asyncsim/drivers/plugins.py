@@ -15,6 +15,7 @@ from typing import Any
 from asyncsim._registry import PluginRegistry, by_group
 from asyncsim.config import Scenario, to_dict
 from asyncsim.numerics import core, data, models  # noqa: F401  (their registries)
+from asyncsim.numerics.lr_rules import rule_spec
 from asyncsim.timing import delays, protocols  # noqa: F401
 
 
@@ -26,7 +27,7 @@ def registries() -> dict[str, PluginRegistry]:
 def _names_used(scn: Scenario) -> list[tuple[str, str]]:
     """``(group, name)`` of every registry name ``scn`` refers to."""
     used = [("asyncsim.protocols", scn.protocol.kind),
-            ("asyncsim.lr_rules", scn.optimizer.lr_rule),
+            ("asyncsim.lr_rules", rule_spec(scn.optimizer.lr_rule)[0]),
             ("asyncsim.models", scn.model.name), ("asyncsim.datasets", scn.data.name)]
 
     def walk(x: Any) -> None:  # delay specs nest (a straggler's base), in lists per learner

@@ -207,6 +207,9 @@ def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int,
     if store == "gradients" and not has_parts:
         raise ValueError(f"store='gradients' needs a model with a dense input layer; "
                          f"{num.model.name!r} has none")
+    if store == "gradients" and num.compensates:
+        raise ValueError("store='gradients' keeps no parameter versions, which delay "
+                         "compensation reads: use store='versions' (or 'auto')")
     vslot, K = slot_plan(trace)
     tm = jax.tree_util.tree_map
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
@@ -224,7 +227,8 @@ def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int,
         # slot) 0.48 s vs 0.43 s.
         kernel = shapes[num.model.dense_input.name]["w"] if has_parts else None
         big = has_parts and int(np.prod(kernel.shape)) * 4 >= 4 * slot_bytes
-        store = "gradients" if big and K > 1 else "versions"
+        # Delay compensation reads each gradient's version: only the version store has it.
+        store = "gradients" if big and K > 1 and not num.compensates else "versions"
     if store == "versions":
         need = K * num_params(shapes) * 4
         check_memory(K, trace, need * points, max_memory, points=points)
@@ -325,18 +329,23 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
         l, b, r, t, v, w = xs
         if c <= 4:
             # K == 1 (no staleness): every gradient reads the current parameters, no copy.
-            outs = [one(st.params if K == 1 else read(buf, r[i]), x_all, y_all, l[i], b[i])
-                    for i in range(c)]
+            read_c = [st.params if K == 1 else read(buf, r[i]) for i in range(c)]
+            outs = [one(p_i, x_all, y_all, l[i], b[i]) for i, p_i in enumerate(read_c)]
             losses = jnp.stack([o[0] for o in outs])
             grads = tm(lambda *a: jnp.stack(a), *[o[1] for o in outs])
+            params_c = tm(lambda *a: jnp.stack(a), *read_c) if num.compensates else None
         elif K == 1:
             losses, grads = jax.vmap(one, in_axes=(None, None, None, 0, 0))(
                 st.params, x_all, y_all, l, b)
+            params_c = (tm(lambda p: jnp.broadcast_to(p, (c, *p.shape)), st.params)
+                        if num.compensates else None)
         else:
             params_c = tm(lambda a: a[r], buf)
             losses, grads = jax.vmap(one, in_axes=(0, None, None, 0, 0))(
                 params_c, x_all, y_all, l, b)
-        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
+        # Delay compensation reads the versions the gradients were computed on.
+        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v,
+                        read_params=params_c if num.compensates else None)
         if K > 1:
             # The reads cost a copy of a version each, the write one more. Measured on 2 CPU
             # cores for a 1.6 MB weight: the dynamic write costs ~0.12 ms per update, the read

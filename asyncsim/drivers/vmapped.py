@@ -57,7 +57,8 @@ def _vmapped_programs(num: Numerics) -> dict[str, Any]:
             "f1": jax.jit(jax.vmap(num.fused1_fn,
                                    in_axes=(0, 0, None, None, None, None, None, None))),
             "grad": jax.jit(jax.vmap(num.programs.one, in_axes=(0, None, None, None, None))),
-            "apply": jax.jit(jax.vmap(num.apply_fn, in_axes=(0, 0, None, None, None))),
+            # The last argument: the read versions under delay compensation (else ()).
+            "apply": jax.jit(jax.vmap(num.apply_fn, in_axes=(0, 0, None, None, None, 0))),
             "eval": jax.jit(jax.vmap(num.programs.eval_batch_raw, in_axes=(0, None, None))),
         }
     return cache
@@ -214,7 +215,8 @@ def _loop(num: Numerics, trace: Trace, state, lanes: _Lanes) -> None:
             outs = [grad_v(versions[r], x, y, np.int32(l), np.int32(b)) for l, b, r, _ in rows]
             state = apply_v(state, tuple(o[1] for o in outs),
                             np.asarray([row[3] for row in rows], np.int32),
-                            np.asarray([row[0] for row in rows], np.int32), np.int32(v))
+                            np.asarray([row[0] for row in rows], np.int32), np.int32(v),
+                            num.reads(versions, rows))
             lo = jax.numpy.stack([o[0] for o in outs], axis=1)
         applied += len(rows)
         versions[v + 1] = state.params

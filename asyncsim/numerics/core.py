@@ -57,29 +57,21 @@ from asyncsim.config import (
     optimizer_choices,
 )
 from asyncsim.errors import ScenarioError
+from asyncsim.numerics.compensation import make_compensation
 from asyncsim.numerics.lr_rules import (  # noqa: F401  (re-exported: the core's rules)
     LrRule,
     available_lr_rules,
     get_lr_rule,
+    make_lr_rule,
     register_lr_rule,
 )
 from asyncsim.numerics.schedule import make_schedule
 
 PyTree = Any
 
-__all__ = [
-    "MOMENTUM_KINDS",
-    "MOMENTUM_STYLES",
-    "check_momentum_kind",
-    "CoreState",
-    "UpdateCore",
-    "make_core",
-    "register_lr_rule",
-    "available_lr_rules",
-    "get_lr_rule",
-    "param_hash",
-    "as_optax",
-]
+__all__ = ["MOMENTUM_KINDS", "MOMENTUM_STYLES", "check_momentum_kind", "CoreState", "UpdateCore",
+           "make_core", "register_lr_rule", "available_lr_rules", "get_lr_rule", "param_hash",
+           "as_optax"]
 
 class CoreState(NamedTuple):
     """The PS state between updates.
@@ -99,6 +91,9 @@ class CoreState(NamedTuple):
         started: ``()`` except under style ``"torch"`` with a buffer: bool, whether the
             buffer has taken its first step (PyTorch starts a buffer as a copy of the first
             gradient) -- a scalar, or ``[num_learners]`` for ``"shifted"``.
+        comp: an adaptive ``optimizer.compensation``'s statistics, else ``()``.
+        opt_state: the ``optimizer.transform``'s optax state (its rate among its
+            hyperparameters), else ``()``.
     """
 
     params: PyTree
@@ -107,6 +102,8 @@ class CoreState(NamedTuple):
     grad_count: jax.Array
     hyper: dict[str, jax.Array]
     started: jax.Array | tuple = ()
+    comp: PyTree | tuple = ()
+    opt_state: PyTree | tuple = ()
 
 
 class UpdateCore(NamedTuple):
@@ -115,7 +112,9 @@ class UpdateCore(NamedTuple):
     Attributes:
         init: ``init(params, *, lr=None, beta=None, weight_decay=None) -> CoreState``; ``None``
             takes the value from the :class:`~asyncsim.config.OptimizerConfig`.
-        apply: ``apply(state, grads, *, staleness, learner_ids, step, mask=None) -> CoreState``.
+        apply: ``apply(state, grads, *, staleness, learner_ids, step, mask=None,
+            read_params=None) -> CoreState``; ``read_params`` (the parameters each gradient
+            was computed on, leading axis c) is needed by ``optimizer.compensation`` only.
     """
 
     init: Callable[..., CoreState]
@@ -199,6 +198,9 @@ def make_core(
     * ``mask``: bool ``[c]`` or None; False marks a padding slot that contributes nothing
       and is not counted in c. An update whose slots are all padding leaves params and
       momentum unchanged.
+    * ``read_params``: like ``grads``, the version each gradient was computed on (its
+      slot's ``theta_read``); with ``opt.compensation`` each gradient is first rewritten
+      from it (:mod:`asyncsim.numerics.compensation`), in slot order.
 
     1. Running mean staleness (companion paper 1509.04210): ``<tau> = (stale_sum + sum_l
        tau_l) / (grad_count + c)``, i.e. including this update's gradients.
@@ -245,6 +247,11 @@ def make_core(
     With a constant rate and no dampening, the two styles are the same dynamics (m_caffe =
     eta m_torch): they differ in rounding, in the first step of a dampened buffer, and once
     the rate changes (a decay moves the whole buffer under caffe, only new steps under torch).
+
+    5. ``opt.transform`` (an optax alias, momentum kind ``"none"``): the weights are the
+       rule's at rate 1 as under torch, ``d = (1/c) sum_l s_l (g_l + wd_p theta)``, and
+       ``theta <- theta + tx.update(d)`` with the alias at rate ``eta_t = sched(step) *
+       alpha0`` (:mod:`asyncsim.numerics.transforms`).
     """
     # Why this is long: init and apply are closures over the one configuration (rule,
     # schedule, weight-decay multipliers, momentum kind and style), as optax builds its
@@ -254,10 +261,17 @@ def make_core(
         raise ValueError(f"num_learners must be >= 1, got {num_learners!r}")
     if staleness_from == "nominal" and nominal_staleness is None:
         raise ScenarioError("optimizer.lr_staleness", NOMINAL_NEEDS)
-    rule = get_lr_rule(opt.lr_rule)
+    rule = make_lr_rule(opt.lr_rule)
     schedule = make_schedule(opt, updates_per_epoch)
     wd_mult = dict(opt.weight_decay_mult)
     torch_style = style == "torch"
+    tx = None
+    if opt.transform is not None:
+        from asyncsim.numerics.transforms import make_transform, with_learning_rate
+
+        tx = make_transform(opt.transform)
+    comp = None if opt.compensation is None else make_compensation(opt.compensation)
+    unit_rule = torch_style or tx is not None  # the rule is a weight; the rate is outside
 
     def init(params, *, lr=None, beta=None, weight_decay=None) -> CoreState:
         """The initial state: zero momentum, zero staleness statistics.
@@ -291,6 +305,9 @@ def make_core(
         def f32(x, default):
             return jnp.asarray(default if x is None else x, jnp.float32)
 
+        extra = {"comp": comp.init(params) if comp else (),
+                 "opt_state": tx.init(params) if tx else ()}
+
         return CoreState(
             params=params,
             momentum=momentum,
@@ -302,9 +319,11 @@ def make_core(
                 "weight_decay": f32(weight_decay, opt.weight_decay),
             },
             started=started,
+            **extra,
         )
 
-    def apply(state: CoreState, grads, *, staleness, learner_ids, step, mask=None) -> CoreState:
+    def apply(state: CoreState, grads, *, staleness, learner_ids, step, mask=None,
+              read_params=None) -> CoreState:
         """One PS update with the c gradients in ``grads`` (see :func:`make_core`)."""
         tm = jax.tree_util.tree_map
         leaves = jax.tree_util.tree_leaves(grads)
@@ -338,13 +357,23 @@ def make_core(
             mean_tau = jnp.float32(nominal_staleness)
 
         hyper = state.hyper
-        # caffe: the rule gives each gradient its rate; torch: its weight at rate 1, the
-        # rate multiplying the buffer's step.
-        rule_lr = jnp.float32(1.0) if torch_style else hyper["lr"]
+        comp_state = state.comp
+        if comp is not None:
+            if read_params is None:
+                raise ValueError("optimizer.compensation needs read_params, the parameters "
+                                 "each gradient was computed on")
+            grads, comp_state = comp.apply(comp_state, grads, state.params, read_params,
+                                           valid, hyper["lr"])
+            if valid is not None:  # a padding slot's rewritten value is dropped as before
+                grads = tm(lambda g: jnp.where(_bcast(valid, g), g, jnp.zeros((), g.dtype)),
+                           grads)
+        # caffe: the rule gives each gradient its rate; torch and transforms: its weight at
+        # rate 1, the rate multiplying the buffer's (or the transform's) step.
+        rule_lr = jnp.float32(1.0) if unit_rule else hyper["lr"]
         rates = jnp.broadcast_to(jnp.asarray(rule(rule_lr, tau, mean_tau), jnp.float32), (c,))
-        eta = hyper["lr"] if torch_style else None
+        eta = hyper["lr"] if unit_rule else None
         if schedule is not None:
-            if torch_style:
+            if unit_rule:
                 eta = schedule(step) * eta
             else:
                 rates = schedule(step) * rates
@@ -360,7 +389,13 @@ def make_core(
         beta = hyper["beta"]
         fresh = _Damp(beta if damp == "beta" else damp)
 
-        if kind == "shifted":
+        opt_state = state.opt_state
+        if tx is not None:
+            d = _aggregate(params, grads, weights, mult, wd)
+            updates, opt_state = tx.update(d, with_learning_rate(opt_state, eta), params)
+            new_params = tm(lambda p, u: (p + u).astype(jnp.result_type(p)), params, updates)
+            momentum, started = state.momentum, state.started
+        elif kind == "shifted":
             new_params, momentum, started = _shifted(
                 params, state.momentum, grads, weights, learner_ids, valid, mult, wd, beta,
                 fresh, state.started, eta)
@@ -375,6 +410,8 @@ def make_core(
             new_params = tm(lambda n, o: jnp.where(any_valid, n, o), new_params, params)
             momentum = tm(lambda n, o: jnp.where(any_valid, n, o), momentum, state.momentum)
             started = tm(lambda n, o: jnp.where(any_valid, n, o), started, state.started)
+            opt_state = tm(lambda n, o: jnp.where(any_valid, n, o), opt_state,
+                           state.opt_state)
 
         return CoreState(
             params=new_params,
@@ -383,6 +420,8 @@ def make_core(
             grad_count=grad_count,
             hyper=hyper,
             started=started,
+            comp=comp_state,
+            opt_state=opt_state,
         )
 
     return UpdateCore(init=init, apply=apply)
@@ -409,24 +448,27 @@ def _cast(x, p):
     return x.astype(jnp.result_type(p))
 
 
+def _aggregate(params, grads, weights, mult, wd):
+    """d = sum_l w_l g_l + (sum_l w_l) wd_p theta (weight decay on the fresh theta)."""
+    tm = jax.tree_util.tree_map
+    w_total = jnp.sum(weights)
+    if weights.shape[0] == 1:
+        # One gradient (async, fixed delay, lambda-softsync): the same value without a
+        # reduction over a length-1 axis, which XLA's CPU backend materialises as a separate
+        # pass over the parameters (measured ~25% of a small MLP step).
+        return tm(lambda g, p, k: _cast(weights[0] * g[0] + (w_total * (wd * k)) * p, p),
+                  grads, params, mult)
+    return tm(lambda g, p, k: _cast(jnp.sum(_bcast(weights, g) * g, axis=0)
+                                    + (w_total * (wd * k)) * p, p),
+              grads, params, mult)
+
+
 def _plain(kind, params, buffers, grads, weights, mult, wd, beta, fresh, started, eta):
     """Every momentum kind but shifted: one aggregate step d, then the kind's buffer.
     ``eta`` is None under style caffe (the rates are in ``weights``), the rate under torch."""
     tm = jax.tree_util.tree_map
     cast = _cast
-    c = weights.shape[0]
-    # d = sum_l w_l g_l + (sum_l w_l) wd_p theta  (weight decay on the fresh theta)
-    w_total = jnp.sum(weights)
-    if c == 1:
-        # One gradient (async, fixed delay, lambda-softsync): the same value without a
-        # reduction over a length-1 axis, which XLA's CPU backend materialises as a separate
-        # pass over the parameters (measured ~25% of a small MLP step).
-        d = tm(lambda g, p, k: cast(weights[0] * g[0] + (w_total * (wd * k)) * p, p),
-               grads, params, mult)
-    else:
-        d = tm(lambda g, p, k: cast(jnp.sum(_bcast(weights, g) * g, axis=0)
-                                    + (w_total * (wd * k)) * p, p),
-               grads, params, mult)
+    d = _aggregate(params, grads, weights, mult, wd)
     if kind == "none":
         momentum = ()
         step_ = d

@@ -9,23 +9,36 @@ uses at delay τ": P2's η_τ for ``stability-edge``, α0/τ for ``inverse-stale
 
 Built-ins: ``constant`` (α0), ``inverse-staleness`` (P1's α0/τ, α0 at τ = 0),
 ``inverse-mean-staleness`` (α0/⟨τ⟩, Gupta et al. arXiv:1509.04210), ``stability-edge`` (P2's
-η0·sin(π/(4τ+2)), docs/papers.md).
+η0·sin(π/(4τ+2)), docs/papers.md), and the staleness weights of federated and asynchronous
+training: ``polynomial`` α0·(1+τ)^−a and ``hinge`` (FedAsync, Xie, Koyejo, Gupta 2019),
+``exponential`` α0·e^−aτ, ``fedbuff`` α0/√(1+τ) (FedBuff, Nguyen et al. 2022, as FedScale
+weights stale updates).
+
+A rule may take parameters: keyword-only arguments after the three inputs, given in a
+scenario as a table, ``lr_rule = { name = "polynomial", a = 0.5 }``, and checked against the
+rule's signature with the one-line errors of a delay model's parameters
+(:func:`make_lr_rule`). A string ``lr_rule`` is the rule with its defaults.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asyncsim._registry import PluginRegistry, callable_value
+from asyncsim._registry import PluginRegistry, callable_value, check_options
+from asyncsim.errors import ScenarioError
 
 LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
-__all__ = ["LrRule", "available_lr_rules", "get_lr_rule", "rate_at_delay", "register_lr_rule"]
+__all__ = ["LrRule", "available_lr_rules", "get_lr_rule", "make_lr_rule", "rate_at_delay",
+           "register_lr_rule", "rule_label", "rule_spec"]
+
+RULE_INPUTS = ("lr", "staleness", "mean_staleness")
 
 
 _lr_rules: PluginRegistry[LrRule] = PluginRegistry(
@@ -48,6 +61,10 @@ def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = Fal
     Returns (of the rule):
         float32 rates, ``[c]`` or a scalar (broadcast to ``[c]``). The schedule factor is
         applied on top by the core.
+
+    Parameters (optional): keyword-only arguments after the three inputs, with defaults or
+    without (then required), annotated ``float``/``int``/``bool`` -- a scenario gives them
+    as ``lr_rule = { name = "mine", a = 0.5 }``, checked against this signature.
 
     Under ``optimizer.momentum.style = "torch"`` the core takes ``rule(1, staleness,
     mean_staleness)`` as each gradient's weight and applies ``lr`` outside the momentum
@@ -77,12 +94,60 @@ def available_lr_rules() -> list[str]:
 
 
 def get_lr_rule(name: str) -> LrRule:
-    """The rule registered as ``name`` (or installed under ``asyncsim.lr_rules``).
+    """The rule registered as ``name`` (or installed under ``asyncsim.lr_rules``), with its
+    parameters' defaults (see :func:`make_lr_rule` for a rule with parameters set).
 
     Raises:
         ScenarioError: (a ``ValueError``) naming ``optimizer.lr_rule`` and the allowed rules.
     """
     return _lr_rules.get(name)
+
+
+def rule_spec(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule"
+              ) -> tuple[str, dict[str, Any]]:
+    """``(name, parameters)`` of an ``lr_rule`` value: a name, or a table with ``name``."""
+    if isinstance(spec, str):
+        return spec, {}
+    if not isinstance(spec, Mapping):
+        raise ScenarioError(key, f"must be a rule's name or a table {{ name = ..., "
+                            f"<parameter> = ... }}, got {spec!r}")
+    if "name" not in spec:
+        raise ScenarioError(f"{key}.name", "missing: a table lr_rule names its rule "
+                            "(lr_rule = { name = \"polynomial\", a = 0.5 })")
+    name = spec["name"]
+    if not isinstance(name, str):
+        raise ScenarioError(f"{key}.name", f"must be a string, got {name!r}")
+    return name, {k: v for k, v in spec.items() if k != "name"}
+
+
+def rule_label(spec: str | Mapping[str, Any]) -> str:
+    """A rule as one word for tables and captions: ``polynomial(a=0.5)``, or its name."""
+    name, params = rule_spec(spec)
+    return f"{name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})" if params \
+        else name
+
+
+def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") -> LrRule:
+    """The rule an ``lr_rule`` value names, its parameters checked against the rule's
+    signature and bound: unknown, missing, wrong-typed or non-finite parameters are one-line
+    ScenarioErrors under ``key.<parameter>`` (the checks of a delay model's parameters).
+    A rule without parameters set is the registered function itself."""
+    name, params = rule_spec(spec, key)
+    return _bound(name, tuple(sorted(_checked(name, params, key).items())))
+
+
+def _checked(name: str, params: Mapping[str, Any], key: str) -> dict[str, Any]:
+    fn = _lr_rules.get(name)
+    kwargs = check_options(fn, params, key=key, what="learning-rate rule", name=name,
+                           exclude=RULE_INPUTS, also=("name",))
+    return kwargs
+
+
+@functools.cache
+def _bound(name: str, params: tuple[tuple[str, Any], ...]) -> LrRule:
+    # One object per (rule, parameters): the summary-rate programs are cached by rule.
+    fn = _lr_rules.get(name)
+    return functools.partial(fn, **dict(params)) if params else fn
 
 
 @register_lr_rule("constant")
@@ -120,15 +185,49 @@ def _stability_edge(lr, staleness, mean_staleness):
     return lr * jnp.sin(jnp.pi / (4.0 * staleness + 2.0))
 
 
-def rate_at_delay(name: str, lr, tau):
-    """The per-gradient rate rule ``name`` gives every gradient of a run at constant delay
-    ``tau`` (so the mean staleness is ``tau`` too), before any schedule: P2's η_τ for
-    ``stability-edge``, ``lr/max(τ, 1)`` for ``inverse-staleness``.
+@register_lr_rule("polynomial")
+def _polynomial(lr, staleness, mean_staleness, *, a: float = 0.5):
+    """FedAsync's polynomial staleness function s(τ) = (1 + τ)^−a (Xie, Koyejo, Gupta,
+    "Asynchronous federated optimization", 2019, Sec. 5.2; a = 0.5 in its experiments, as
+    FLSim's and Plato's polynomial weights): alpha = alpha0 (1 + tau)^-a."""
+    del mean_staleness
+    return lr * jnp.power(1.0 + staleness, -jnp.float32(a))
+
+
+@register_lr_rule("hinge")
+def _hinge(lr, staleness, mean_staleness, *, a: float = 10.0, b: float = 4.0):
+    """FedAsync's hinge staleness function: 1 for τ <= b, else 1 / (a (τ - b) + 1) (Xie et
+    al. 2019, Sec. 5.2; a = 10, b = 4 there)."""
+    del mean_staleness
+    return lr * jnp.where(staleness <= b, 1.0, 1.0 / (a * (staleness - b) + 1.0))
+
+
+@register_lr_rule("exponential")
+def _exponential(lr, staleness, mean_staleness, *, a: float):
+    """alpha = alpha0 e^(-a tau) (an exponential staleness weight, as in FLSim's and Plato's
+    families of staleness functions); ``a`` has no default in the literature: give it."""
+    del mean_staleness
+    return lr * jnp.exp(-jnp.float32(a) * staleness)
+
+
+@register_lr_rule("fedbuff")
+def _fedbuff(lr, staleness, mean_staleness):
+    """FedBuff's staleness scaling 1/√(1 + τ) (Nguyen et al., "Federated learning with
+    buffered asynchronous aggregation", AISTATS 2022; FedScale's async aggregation)."""
+    del mean_staleness
+    return lr / jnp.sqrt(1.0 + staleness)
+
+
+def rate_at_delay(name: str | Mapping[str, Any], lr, tau):
+    """The per-gradient rate the rule ``name`` (a name or an ``lr_rule`` table) gives every
+    gradient of a run at constant delay ``tau`` (so the mean staleness is ``tau`` too),
+    before any schedule: P2's η_τ for ``stability-edge``, ``lr/max(τ, 1)`` for
+    ``inverse-staleness``.
 
     Evaluated in float64 (JAX's x64 mode, for this call only) on numpy inputs, broadcasting
     ``lr`` against ``tau``; returns a float for scalar inputs, else an array.
     """
-    rule = get_lr_rule(name)
+    rule = make_lr_rule(name)
     lr64 = np.asarray(lr, np.float64)
     tau64 = np.asarray(tau, np.float64)
     if np.any(tau64 < 0):

@@ -223,19 +223,24 @@ class Numerics:
         self._eval_batch = shared.eval_batch
         self.programs = shared
         core_apply = self.core.apply
+        # Delay compensation reads the parameters each gradient was computed on: the
+        # update programs then take them too (``reads``, one version per row).
+        self.compensates = scn.optimizer.compensation is not None
 
-        def apply_stacked(state, grads, staleness, learner_ids, step):
+        def stack(trees):
+            return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees) if trees else None
+
+        def apply_stacked(state, grads, staleness, learner_ids, step, reads=()):
             return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
-                              step=step)
+                              step=step, read_params=stack(reads))
 
         # (state, grads stacked on a leading axis c, staleness, learners, step): the grouped
         # path (grouping="version"), whose gradients come stacked from one vmapped call.
         self._apply_stacked = jax.jit(apply_stacked)
 
-        def apply(state, grads_list, staleness, learner_ids, step):
-            grads = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *grads_list)
-            return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
-                              step=step)
+        def apply(state, grads_list, staleness, learner_ids, step, reads=()):
+            return core_apply(state, stack(grads_list), staleness=staleness,
+                              learner_ids=learner_ids, step=step, read_params=stack(reads))
 
         # THE update program: (state, a tuple of the c gradients as `grad` computes them,
         # staleness [c], learners [c], step). Every update of every driver applies its
@@ -254,7 +259,8 @@ class Numerics:
             # by a learner elsewhere (the real PS calls `apply` on it).
             loss, g = jax.lax.optimization_barrier(
                 grad_one_raw(params_r, x_all, y_all, learner, batch))
-            st = apply(state, (g,), staleness[None], learner[None], step)
+            st = apply(state, (g,), staleness[None], learner[None], step,
+                       (params_r,) if self.compensates else ())
             return st, loss[None]
 
         self.fused1_fn = fused1
@@ -311,23 +317,31 @@ class Numerics:
                                 np.int32(b), np.int32(tau), np.int32(version))
         staleness = np.asarray([row[3] for row in rows], np.int32)
         learners = np.asarray([row[0] for row in rows], np.int32)
+        reads = self.reads(versions, rows)
         if self.grouping == "none":
             outs = [self.grad(versions[r], self.x_train, self.y_train,
                                    np.int32(l), np.int32(b)) for l, b, r, _ in rows]
             state = self.apply(state, tuple(o[1] for o in outs), staleness, learners,
-                               np.int32(version))
+                               np.int32(version), reads)
             return state, jnp.stack([o[0] for o in outs])
         losses, grads = self._grouped_gradients(versions, rows)
-        state = self._apply_stacked(state, grads, staleness, learners, np.int32(version))
+        state = self._apply_stacked(state, grads, staleness, learners, np.int32(version),
+                                    reads)
         return state, losses
 
+    def reads(self, versions: dict[int, Any], rows: Sequence[Row]) -> tuple:
+        """The read versions' parameters the update programs take with ``rows``: one per
+        row under delay compensation, else none."""
+        return tuple(versions[r[2]] for r in rows) if self.compensates else ()
+
     def apply_given(self, state: CoreState, version: int, rows: Sequence[Row],
-                    grads: Sequence[Any]) -> CoreState:
+                    grads: Sequence[Any], versions: dict[int, Any] | None = None) -> CoreState:
         """Apply update ``version`` with gradients computed elsewhere (the real PS: by the
         learners, with :attr:`grad`), one per row, through the same update program as
-        :meth:`update`."""
+        :meth:`update`; ``versions`` holds the rows' read versions under compensation."""
         return self.apply(state, tuple(grads), np.asarray([r[3] for r in rows], np.int32),
-                          np.asarray([r[0] for r in rows], np.int32), np.int32(version))
+                          np.asarray([r[0] for r in rows], np.int32), np.int32(version),
+                          self.reads(versions or {}, rows))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, params, *, samples: int | None = None, batch: int = 1000,

@@ -32,7 +32,7 @@ from asyncsim.config import Scenario, to_dict
 from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.trace_only import simulate
-from asyncsim.numerics.lr_rules import rate_at_delay
+from asyncsim.numerics.lr_rules import rate_at_delay, rule_label
 from asyncsim.runs import EDGES_CSV, SHARPNESS_CSV
 from asyncsim.stability.closed_form import edge
 from asyncsim.stability.measured import edges_of_traces
@@ -99,7 +99,8 @@ class Sharpness:
                         max_iter=self.max_iter, tol=self.tol) if math.isfinite(loss) else math.nan)
         e = edge(self.tau) if self.tau is not None else math.nan
         self.rows.append({"update": version, "sharpness": sh, "train_loss": loss, "lr": self.lr,
-                          "tau": self.tau, "lr_rule": self.scn.optimizer.lr_rule, "edge": e,
+                          "tau": self.tau, "lr_rule": rule_label(self.scn.optimizer.lr_rule),
+                          "edge": e,
                           "bound": e / self.lr, "sync_bound": 2.0 / self.lr,
                           "eta_lambda": self.lr * sh, "diverged": False})
 

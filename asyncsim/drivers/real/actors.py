@@ -273,6 +273,8 @@ class PSImpl:
             self._warm_protocol()
         self.clock.version = self.driver.start_version
         self.pending: dict[tuple[int, int], tuple] = {}  # (learner, batch) -> (loss, grads)
+        # (learner, batch) -> (read version, its parameters): kept under compensation only.
+        self.served: dict[tuple[int, int], tuple] = {}
         self.stop_reason = ""
         self.stopped = False
         # Compile the update program for this protocol's update size now, not during the
@@ -281,7 +283,7 @@ class PSImpl:
         g0 = jax.tree_util.tree_map(lambda p: np.zeros(np.shape(p), np.float32),
                                     self.driver.state.params)
         jax.block_until_ready(num.apply_given(self.driver.state, 0, [(0, 0, 0, 0)] * c,
-                                              [g0] * c))
+                                              [g0] * c, {0: self.driver.state.params}))
         self._params_ref: tuple[int, Any] | None = None
 
     # -------------------------------------------------------------- bookkeeping
@@ -368,6 +370,8 @@ class PSImpl:
             del self.faults["kill_learner"]
         ref = self.learners[k].compute.remote(self.jobs[k], self._params(), b, die)
         self.inflight[ref] = (k, b, read, t_pull)
+        if self.num.compensates:  # delay compensation reads the version served
+            self.served[(k, b)] = (read, self.driver.state.params)
 
     def _apply_update(self, grads: list[tuple]) -> None:
         """The protocol's ``apply_update``: stack the taken gradients in order, apply, record."""
@@ -375,10 +379,13 @@ class PSImpl:
         if self.stopped:
             return
         v = self.clock.version
-        rows, gs, losses = [], [], []
+        rows, gs, losses, reads = [], [], [], {}
         for learner, batch, read, *_ in grads:
             loss, gr = self.pending.pop((learner, batch))
             rows.append((learner, batch, read, v - read))
+            if self.num.compensates:
+                r, params = self.served.pop((learner, batch))
+                reads[r] = params
             gs.append(gr)
             losses.append(loss)
         # The learners computed these with the same gradient program, in the order the
@@ -406,7 +413,7 @@ class PSImpl:
         self.u["start"].append(start)
         self.clock.version = v + 1
         # After the trace rows: a checkpoint the driver writes holds this update's.
-        state = self.num.apply_given(self.driver.state, v, rows, gs)
+        state = self.num.apply_given(self.driver.state, v, rows, gs, reads)
         ok = self.driver.applied(v, len(rows), state, np.asarray(losses, np.float32),
                                  now=now_apply)
         if ok is False:

@@ -1,0 +1,154 @@
+"""Delay compensation: gradients corrected with the parameters they were computed on.
+
+``[optimizer] compensation = { kind = "dc-asgd", lambda = 0.04 }``. A stale gradient
+``g = grad L(theta_read)`` was computed on the version its learner pulled; the PS applies it
+to ``theta_now``. Compensation rewrites each gradient before the update core weights and
+aggregates it (so it combines with every lr rule, momentum kind, style and optax transform):
+
+* ``dc-asgd`` -- Zheng, Meng, Wang, Chen, Yu, Ma, Liu, "Asynchronous stochastic gradient
+  descent with delay compensation", ICML 2017 (arXiv:1609.08326), the compensated gradient
+  of its Sec. 3 (a first-order Taylor step with the diagonal outer-product approximation of
+  the Hessian), as MXNet's ``DCASGD`` optimizer applies it::
+
+      g~ = g + lambda * g * g * (theta_now - theta_read)            (element-wise)
+
+  ``lambda`` = 0.04 by default (MXNet's).
+* ``dc-asgd-a`` -- the same paper's adaptive variant: ``lambda_t = lambda / sqrt(ms_t +
+  eps)`` element-wise, with the mean square ``ms_t = momentum * ms_{t-1} + (1 - momentum) *
+  g * g`` of the gradients the PS receives, updated with each gradient before it is used
+  (defaults ``lambda = 2``, ``momentum = 0.95``, ``eps = 1e-7``, the paper's settings).
+* ``gap-aware`` -- Barkai, Hakimi, Schuster, "Gap-aware mitigation of gradient staleness",
+  ICLR 2020 (arXiv:1909.10802), Sec. 4: the Gap of each parameter, ``|theta_now -
+  theta_read|`` normalised by ``C``, the typical distance a parameter moves in one step; the
+  gradient is divided element-wise by ``G = 1 + |theta_now - theta_read| / C`` (``G = 1``
+  for a fresh gradient, linear in the gap beyond). ``C = lr * (sqrt(v_hat) + eps)``, with
+  ``v`` the exponential moving average of the squared gradients (``gamma = 0.999``,
+  bias-corrected as Adam's: ``v_hat = v / (1 - gamma^k)`` after ``k`` gradients) and ``lr``
+  the base rate alpha0 (the largest rate of a decay schedule). The paper's text could not be
+  consulted while this was written (no network); the form follows its abstract ("penalizes
+  stale gradients linearly to the Gap") and the authors' group's public implementation.
+
+A gradient of staleness 0 (``theta_read = theta_now``) is unchanged by all three (bit for
+bit), though ``dc-asgd-a`` and ``gap-aware`` still count it in their statistics. The
+statistics are part of the core's state (``CoreState.comp``), one array like each parameter
+plus a count: checkpointed and replayed with it. Within an update of ``c`` gradients they are
+updated gradient by gradient, in slot order.
+
+The core stays a pure function: it takes the read versions' parameters as an argument
+(``apply(..., read_params=...)``); the drivers keep what it needs (the online driver's and
+the replay loop's version store, the scan path's version store, the real PS's versions in
+flight).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from asyncsim.errors import ScenarioError, did_you_mean
+
+KEY = "optimizer.compensation"
+# kind -> {parameter: (default, check)}; "lambda" is a Python keyword, so no signature.
+_UNIT = ("in [0, 1)", lambda v: 0.0 <= v < 1.0)
+_POS = ("> 0", lambda v: v > 0.0)
+_NONNEG = (">= 0", lambda v: v >= 0.0)
+KINDS: dict[str, dict[str, tuple[float, tuple[str, Any]]]] = {
+    "dc-asgd": {"lambda": (0.04, _NONNEG)},
+    "dc-asgd-a": {"lambda": (2.0, _NONNEG), "momentum": (0.95, _UNIT), "eps": (1e-7, _POS)},
+    "gap-aware": {"gamma": (0.999, _UNIT), "eps": (1e-8, _POS)},
+}
+
+__all__ = ["KINDS", "Compensation", "compensation_spec", "make_compensation"]
+
+
+class Compensation(NamedTuple):
+    """``init(params) -> state`` and ``apply(state, grads, params_now, read, valid, lr) ->
+    (grads, state)``: the c gradients (leading axis c) rewritten in slot order."""
+
+    kind: str
+    init: Any
+    apply: Any
+
+
+def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[str, float]]:
+    """``(kind, parameters with defaults)`` of a ``compensation`` table, checked; a
+    one-line ScenarioError under ``key`` otherwise."""
+    if not isinstance(spec, Mapping):
+        raise ScenarioError(key, f"must be a table {{ kind = \"dc-asgd\", ... }}, got {spec!r}")
+    kind = spec.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ScenarioError(f"{key}.kind", f"unknown compensation {kind!r}; allowed: "
+                            f"{', '.join(KINDS)}{did_you_mean(str(kind), list(KINDS))}")
+    allowed = KINDS[kind]
+    out = {k: d for k, (d, _) in allowed.items()}
+    for k, v in spec.items():
+        if k == "kind":
+            continue
+        if k not in allowed:
+            raise ScenarioError(f"{key}.{k}", f"unknown parameter for compensation {kind!r}; "
+                                f"allowed: kind, {', '.join(allowed)}"
+                                f"{did_you_mean(k, list(allowed))}")
+        what, ok = allowed[k][1]
+        if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                or not ok(float(v))):
+            raise ScenarioError(f"{key}.{k}", f"must be a finite number {what}, got {v!r}")
+        out[k] = float(v)
+    return kind, out
+
+
+def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
+    """The pure pair of a checked ``compensation`` table (see the module docstring)."""
+    kind, p = compensation_spec(spec, key)
+    tm = jax.tree_util.tree_map
+
+    def init(params):
+        if kind == "dc-asgd":
+            return ()
+        return (tm(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+
+    def one(stats, g, now, read, ok, lr):
+        """One gradient: (its compensated value, the statistics after it)."""
+        gap = tm(lambda a, b: a - b, now, read)
+        if kind == "dc-asgd":
+            lam = jnp.float32(p["lambda"])
+            return tm(lambda x, d: x + lam * x * x * d, g, gap), stats
+        sq, count = stats
+        if kind == "dc-asgd-a":
+            m = jnp.float32(p["momentum"])
+            sq_new = tm(lambda s, x: m * s + (1.0 - m) * x * x, sq, g)
+            lam = jnp.float32(p["lambda"])
+            eps = jnp.float32(p["eps"])
+            out = tm(lambda x, s, d: x + (lam / jnp.sqrt(s + eps)) * x * x * d, g, sq_new, gap)
+        else:  # gap-aware
+            gm = jnp.float32(p["gamma"])
+            sq_new = tm(lambda s, x: gm * s + (1.0 - gm) * x * x, sq, g)
+            k = count + 1.0
+            corr = 1.0 - jnp.power(gm, k)
+            eps = jnp.float32(p["eps"])
+            out = tm(lambda x, s, d: x / (1.0 + jnp.abs(d) / (lr * (jnp.sqrt(s / corr) + eps))),
+                     g, sq_new, gap)
+        # A padding slot changes nothing: its statistics stay (its gradient is dropped later).
+        sq_kept = tm(lambda n, o: jnp.where(ok, n, o), sq_new, sq)
+        return out, (sq_kept, jnp.where(ok, count + 1.0, count))
+
+    def apply(state, grads, params_now, read, valid, lr):
+        c = jax.tree_util.tree_leaves(grads)[0].shape[0]
+        valid = jnp.ones((c,), bool) if valid is None else valid
+        if c == 1:
+            g, state = one(state, tm(lambda x: x[0], grads), params_now,
+                           tm(lambda x: x[0], read), valid[0], lr)
+            return tm(lambda x: x[None], g), state
+
+        def slot(stats, xs):
+            g_l, r_l, ok = xs
+            g, stats = one(stats, g_l, params_now, r_l, ok, lr)
+            return stats, g
+
+        state, out = jax.lax.scan(slot, state, (grads, read, valid))
+        return out, state
+
+    return Compensation(kind, init, apply)

@@ -1,0 +1,122 @@
+"""Server optimizers from optax: ``[optimizer] transform = { name = "adam", b1 = 0.9 }``.
+
+The parameter server can step any optax optimizer alias (``optax.adam``, ``optax.rmsprop``,
+``optax.lamb``, ... -- :func:`transform_names` lists them) instead of asyncsim's SGD with
+momentum. The update core (:mod:`asyncsim.numerics.core`) then applies, at update ``t`` with
+the ``c`` gradients ``g_l`` of staleness ``tau_l``,
+
+    d = (1/c) sum_l s_l (g_l + wd_p theta),   s_l = rule(1, tau_l, <tau>),
+    updates, opt_state = tx.update(d, opt_state, theta),   theta <- theta + updates,
+
+where ``rule`` is the scenario's ``lr_rule`` taken as a per-gradient weight (at rate 1, as
+under ``momentum.style = "torch"``), and ``tx`` is the alias at learning rate ``lr x
+schedule(t)``. The rate is one of the alias's hyperparameters held in its state
+(``optax.inject_hyperparams``), set before each update: so a decay schedule moves it and a
+sweep can ``vmap`` over ``lr`` exactly as over SGD's rate. The transform's state lives in
+``CoreState.opt_state``: checkpointed, resumed and replayed like the momentum buffers.
+
+Options are checked against the alias's signature with the one-line errors of a delay
+model's parameters; only numbers, booleans and strings are accepted (a TOML value never
+becomes code), and the transform is built and stepped once on a two-element tree when the
+scenario is checked, so an option optax refuses is reported then, not mid-run.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+from asyncsim._registry import call_checked, check_options
+from asyncsim.errors import ScenarioError, did_you_mean
+
+KEY = "optimizer.transform"
+# Aliases that need more than gradients to step (L-BFGS: the loss, for its line search).
+_NEEDS_MORE = ("lbfgs",)
+
+__all__ = ["make_transform", "transform_names", "transform_spec"]
+
+
+@functools.cache
+def _aliases() -> dict[str, Any]:
+    import optax
+
+    out = {}
+    for name in dir(optax):
+        fn = getattr(optax, name)
+        if (inspect.isfunction(fn) and not name.startswith("_") and name not in _NEEDS_MORE
+                and fn.__module__.startswith("optax._src.alias")
+                and "learning_rate" in inspect.signature(fn).parameters):
+            out[name] = fn
+    return out
+
+
+def transform_names() -> list[str]:
+    """The optax optimizer aliases ``optimizer.transform.name`` accepts (those of
+    ``optax`` that take a ``learning_rate`` and step on gradients alone), sorted."""
+    return sorted(_aliases())
+
+
+def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[str, Any]]:
+    """``(alias name, its options)`` of a ``transform`` table, checked: a known alias, only
+    its own keyword options (``learning_rate`` is asyncsim's ``lr`` x schedule), scalar
+    values. Raises a one-line ScenarioError under ``key``."""
+    if not isinstance(spec, Mapping):
+        raise ScenarioError(key, f"must be a table {{ name = \"adam\", ... }}, got {spec!r}")
+    name = spec.get("name")
+    names = transform_names()
+    if not isinstance(name, str) or name not in names:
+        raise ScenarioError(f"{key}.name", f"unknown optax optimizer {name!r}; allowed: "
+                            f"{', '.join(names)}{did_you_mean(str(name), names)}")
+    options = {k: v for k, v in spec.items() if k != "name"}
+    if "learning_rate" in options:
+        raise ScenarioError(f"{key}.learning_rate", "is set by asyncsim: optimizer.lr x "
+                            "optimizer.schedule; give optimizer.lr instead")
+    for k, v in options.items():
+        ok = (isinstance(v, bool | str) or
+              (isinstance(v, int | float) and math.isfinite(v)))
+        if not ok:
+            raise ScenarioError(f"{key}.{k}", f"must be a finite number, true or false, or a "
+                                f"string, got {v!r}")
+    fn = _aliases()[name]
+    kwargs = check_options(fn, options, key=key, what="optax optimizer", name=name,
+                           noun="option", exclude=("learning_rate",), also=("name",))
+    return name, kwargs
+
+
+def make_transform(spec: Mapping[str, Any], key: str = KEY):
+    """The optax ``GradientTransformation`` a ``transform`` table names, its learning rate a
+    hyperparameter in its state (``state.hyperparams["learning_rate"]``, float32), so the
+    core sets it before each update. Checked (:func:`transform_spec`) and stepped once on a
+    tiny tree: an option optax refuses is a one-line ScenarioError under ``key``."""
+    name, kwargs = transform_spec(spec, key)
+    return _built(name, tuple(sorted(kwargs.items())), key)
+
+
+@functools.cache
+def _built(name: str, kwargs: tuple[tuple[str, Any], ...], key: str):
+    import jax
+    import optax
+
+    fn = _aliases()[name]
+    tx = call_checked(lambda **kw: optax.inject_hyperparams(
+        functools.partial(fn, **kw), hyperparam_dtype=jnp.float32)(learning_rate=1.0),
+        dict(kwargs), key=key, what="optax optimizer", name=name)
+    tiny = {"w": jnp.ones((2,), jnp.float32)}
+    try:
+        jax.eval_shape(lambda p: tx.update(p, tx.init(p), p), tiny)
+    except (TypeError, ValueError) as e:
+        msg = " ".join(str(e).split())[:200]
+        raise ScenarioError(key, f"optax refuses {name!r} with these options: {msg}") from None
+    return tx
+
+
+def with_learning_rate(opt_state, eta):
+    """``opt_state`` (an ``InjectHyperparamsState``) with its learning rate set to ``eta``."""
+    hp = dict(opt_state.hyperparams)
+    hp["learning_rate"] = jnp.asarray(eta, hp["learning_rate"].dtype)
+    return opt_state._replace(hyperparams=hp)
