@@ -22,6 +22,7 @@ def _allowed() -> dict[str, list[str]]:
     """The built-in values of the keys whose values a registry or a fixed list decides
     (plug-ins add names: ``asyncsim.registries()``)."""
     from asyncsim.drivers.plugins import registries
+    from asyncsim.numerics.compensation import KINDS
     from asyncsim.timing.protocols import FixedDelay
 
     names = {g.split(".")[1]: r.builtin_names() for g, r in registries().items()}
@@ -31,6 +32,13 @@ def _allowed() -> dict[str, list[str]]:
             "optimizer.momentum.style": list(config.MOMENTUM_STYLES),
             "optimizer.lr_staleness": list(config.LR_STALENESS),
             "optimizer.weight_decay_scope": list(config.WEIGHT_DECAY_SCOPES),
+            # The aliases are the installed optax's: named by the rule, not listed.
+            "optimizer.transform": ["{name = ...} with name an optax optimizer alias that "
+                                    "takes a learning_rate (transform_names(), e.g. adam, "
+                                    "rmsprop, sgd)"],
+            "optimizer.compensation": [
+                f'{{kind = "{k}"{"".join(f", {p} = {d}" for p, (d, _) in ps.items())}}}'
+                for k, ps in KINDS.items()],
             "model.name": names["models"], "data.name": names["datasets"],
             "run.sweep_path": list(config.SWEEP_PATHS),
             "protocol.schedule": list(FixedDelay.SCHEDULES),

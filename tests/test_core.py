@@ -28,6 +28,8 @@ from asyncsim.numerics.core import (
 
 # The tables come from the registries: a new rule or momentum kind is tested with no edit here.
 BUILTIN_RULES = available_lr_rules()
+# Built-in rules with a parameter that has no default: the table runs them with one.
+REQUIRED_PARAMETERS = {"exponential": {"name": "exponential", "a": 0.1}}
 KINDS = list(MOMENTUM_KINDS)
 
 
@@ -90,6 +92,7 @@ def test_rules_table(rule, kind):
     the state's structure and dtypes (optax alias_test style)."""
     tau = 2
     n = tau + 1  # round robin: learner t mod n reads version t - tau
+    rule = REQUIRED_PARAMETERS.get(rule, rule)
     core = make_core(opt(lr=0.1, rule=rule, kind=kind, beta=0.5), num_learners=n)
     params = tiny_params()
     h, target = curvature(params)

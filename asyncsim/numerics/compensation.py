@@ -16,9 +16,10 @@ aggregates it (so it combines with every lr rule, momentum kind, style and optax
 * ``dc-asgd-a`` -- the same paper's adaptive variant: ``lambda_t = lambda / sqrt(ms_t +
   eps)`` element-wise, with the mean square ``ms_t = momentum * ms_{t-1} + (1 - momentum) *
   g * g`` of the gradients the PS receives, updated with each gradient before it is used
-  (defaults ``lambda = 2``, ``momentum = 0.95``, ``eps = 1e-7``, the paper's settings).
+  (defaults ``lambda = 2``, ``momentum = 0.95``, ``eps = 1e-7``, as public DC-ASGD-a
+  implementations set them).
 * ``gap-aware`` -- Barkai, Hakimi, Schuster, "Gap-aware mitigation of gradient staleness",
-  ICLR 2020 (arXiv:1909.10802), Sec. 4: the Gap of each parameter, ``|theta_now -
+  ICLR 2020 (arXiv:1909.10802): the Gap of each parameter, ``|theta_now -
   theta_read|`` normalised by ``C``, the typical distance a parameter moves in one step; the
   gradient is divided element-wise by ``G = 1 + |theta_now - theta_read| / C`` (``G = 1``
   for a fresh gradient, linear in the gap beyond). ``C = lr * (sqrt(v_hat) + eps)``, with

@@ -325,6 +325,8 @@ def make_core(
     def apply(state: CoreState, grads, *, staleness, learner_ids, step, mask=None,
               read_params=None) -> CoreState:
         """One PS update with the c gradients in ``grads`` (see :func:`make_core`)."""
+        # Why this is long: the numbered steps of make_core's docstring, in that order, in one
+        # traced function (masks, compensation, rates, weights, the kind's step, padding).
         tm = jax.tree_util.tree_map
         leaves = jax.tree_util.tree_leaves(grads)
         c = leaves[0].shape[0]
@@ -357,16 +359,7 @@ def make_core(
             mean_tau = jnp.float32(nominal_staleness)
 
         hyper = state.hyper
-        comp_state = state.comp
-        if comp is not None:
-            if read_params is None:
-                raise ValueError("optimizer.compensation needs read_params, the parameters "
-                                 "each gradient was computed on")
-            grads, comp_state = comp.apply(comp_state, grads, state.params, read_params,
-                                           valid, hyper["lr"])
-            if valid is not None:  # a padding slot's rewritten value is dropped as before
-                grads = tm(lambda g: jnp.where(_bcast(valid, g), g, jnp.zeros((), g.dtype)),
-                           grads)
+        grads, comp_state = _compensated(comp, state, grads, valid, read_params)
         # caffe: the rule gives each gradient its rate; torch and transforms: its weight at
         # rate 1, the rate multiplying the buffer's (or the transform's) step.
         rule_lr = jnp.float32(1.0) if unit_rule else hyper["lr"]
@@ -407,24 +400,31 @@ def make_core(
         if valid is not None:
             # An all-padding update is a no-op (momentum must not decay on an empty update).
             any_valid = n_valid > 0
-            new_params = tm(lambda n, o: jnp.where(any_valid, n, o), new_params, params)
-            momentum = tm(lambda n, o: jnp.where(any_valid, n, o), momentum, state.momentum)
-            started = tm(lambda n, o: jnp.where(any_valid, n, o), started, state.started)
-            opt_state = tm(lambda n, o: jnp.where(any_valid, n, o), opt_state,
-                           state.opt_state)
+            new_params, momentum, started, opt_state = tm(
+                lambda n, o: jnp.where(any_valid, n, o), (new_params, momentum, started,
+                                                          opt_state),
+                (params, state.momentum, state.started, state.opt_state))
 
-        return CoreState(
-            params=new_params,
-            momentum=momentum,
-            stale_sum=stale_sum,
-            grad_count=grad_count,
-            hyper=hyper,
-            started=started,
-            comp=comp_state,
-            opt_state=opt_state,
-        )
+        return CoreState(params=new_params, momentum=momentum, stale_sum=stale_sum,
+                         grad_count=grad_count, hyper=hyper, started=started, comp=comp_state,
+                         opt_state=opt_state)
 
     return UpdateCore(init=init, apply=apply)
+
+
+def _compensated(comp, state, grads, valid, read_params):
+    """(gradients, compensation statistics) after ``opt.compensation`` (none: as given)."""
+    if comp is None:
+        return grads, state.comp
+    if read_params is None:
+        raise ValueError("optimizer.compensation needs read_params, the parameters each "
+                         "gradient was computed on")
+    grads, stats = comp.apply(state.comp, grads, state.params, read_params, valid,
+                              state.hyper["lr"])
+    if valid is not None:  # a padding slot's rewritten value is dropped as before
+        grads = jax.tree_util.tree_map(
+            lambda g: jnp.where(_bcast(valid, g), g, jnp.zeros((), g.dtype)), grads)
+    return grads, stats
 
 
 class _Damp:

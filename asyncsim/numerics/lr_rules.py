@@ -30,7 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asyncsim._registry import PluginRegistry, callable_value, check_options
+from asyncsim._registry import (
+    PluginRegistry,
+    callable_value,
+    check_options,
+    signature_options,
+)
 from asyncsim.errors import ScenarioError
 
 LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
@@ -138,9 +143,10 @@ def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") 
 
 def _checked(name: str, params: Mapping[str, Any], key: str) -> dict[str, Any]:
     fn = _lr_rules.get(name)
-    kwargs = check_options(fn, params, key=key, what="learning-rate rule", name=name,
-                           exclude=RULE_INPUTS, also=("name",))
-    return kwargs
+    # The three inputs are the first three parameters, whatever a plug-in calls them.
+    inputs = tuple(signature_options(fn)[0])[:len(RULE_INPUTS)]
+    return check_options(fn, params, key=key, what="learning-rate rule", name=name,
+                         exclude=inputs, also=("name",))
 
 
 @functools.cache

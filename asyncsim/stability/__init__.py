@@ -34,5 +34,42 @@ def lr_for_delay(eta0, tau, rule: str = "stability-edge"):
     return rate_at_delay(rule, eta0, tau)
 
 
-__all__ = ["MOMENTUM_KINDS", "asymptote", "char_poly", "edge", "edge_table",
-           "effective_edge", "lr_for_delay", "spectral_radius"]
+def closed_form_applies(optimizer) -> tuple[bool, str]:
+    """Whether :func:`edge` predicts the stability edge of ``optimizer`` (an
+    ``[optimizer]`` table or an ``OptimizerConfig``) at a constant delay, and why.
+
+    * every lr rule: at constant delay τ it gives every gradient the rate ``rule(η0, τ)``,
+      so the edge in ``η0·λ`` is ``edge(τ) / rule(1, τ)`` (:func:`lr_for_delay`);
+    * every momentum kind and dampening: the closed forms of :mod:`.closed_form`;
+    * ``dc-asgd`` and ``dc-asgd-a``: the plain edge is their *linear* stability edge at the
+      minimum -- the correction ``λ g⊙g⊙Δθ`` (``λ0 g⊙g⊙Δθ / √ms``) is cubic (quadratic) in
+      the distance from it, so it leaves the linearised dynamics; a run from a finite
+      distance feels it (measured at τ = 4 from w = 1: dc-asgd, λ = 0.04, 0.3474 on the
+      quadratic λ_h = 0.01 but 0.354 on λ_h = 1; dc-asgd-a 0.356 on both; plain 0.3473);
+    * ``gap-aware``: no -- dividing by ``1 + |Δθ|/C`` with ``C ∝ rms(g)`` is homogeneous of
+      degree 1, not linear: the ratio does not vanish near the minimum;
+    * an optax ``transform``: no (adaptive preconditioners are not linear), except
+      ``sgd``, which is torch-style SGD (its ``momentum`` a heavy-ball, with ``nesterov``
+      a Nesterov buffer).
+
+    The measured-edge tool measures any of them (:func:`asyncsim.stability.measured.
+    find_edge` with ``optimizer=``).
+    """
+    get = optimizer.get if isinstance(optimizer, dict) else (
+        lambda k, d=None: getattr(optimizer, k, d))
+    transform = get("transform")
+    if transform is not None and transform.get("name") != "sgd":
+        return False, (f"optax transform {transform.get('name')!r}: an adaptive update is "
+                       "not linear, no closed form (measure it)")
+    comp = get("compensation")
+    if comp is not None and comp.get("kind") == "gap-aware":
+        return False, ("gap-aware divides by 1 + |Δθ|/C, C ∝ rms(g): homogeneous, not "
+                       "linear near the minimum; no closed form (measure it)")
+    if comp is not None:
+        return True, (f"{comp.get('kind')}: its correction is of higher order in the distance "
+                      "from the minimum: the plain delayed edge is its linear-stability edge")
+    return True, "constant rate rule(η0, τ) at constant delay: edge(τ) / rule(1, τ)"
+
+
+__all__ = ["MOMENTUM_KINDS", "asymptote", "char_poly", "closed_form_applies", "edge",
+           "edge_table", "effective_edge", "lr_for_delay", "spectral_radius"]

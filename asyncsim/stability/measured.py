@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,12 +83,16 @@ def default_steps(tau: int, schedule: str = "round-robin") -> int:
 def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
                        schedule: str = "round-robin", eigenvalue: float = 1.0,
                        noise: float = 0.0, steps: int | None = None, seed: int = 0,
-                       lr: float | None = None, batch_size: int = 1) -> Scenario:
+                       lr: float | None = None, batch_size: int = 1,
+                       optimizer: Mapping[str, Any] | None = None) -> Scenario:
     """The fixed-delay scenario of one edge measurement (P2's one-device simulation).
 
     One-dimensional quadratic ``L(w) = λ w²/2`` (plus ``noise·mean_b(x_b w)`` on the
     ``gaussian`` data when ``noise > 0``), N = τ + 1 workers with unit compute times, the
     given momentum kind and β, constant learning-rate rule, ``steps`` updates.
+    ``optimizer``: further ``[optimizer]`` keys -- any remedy (an ``lr_rule`` table, a
+    ``transform``, a ``compensation``): the measured edge is then that remedy's, with or
+    without a closed form (:func:`asyncsim.stability.closed_form_applies`).
     """
     steps = default_steps(tau, schedule) if steps is None else int(steps)
     raw: dict[str, Any] = {
@@ -96,7 +100,8 @@ def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
         "seed": int(seed),
         "protocol": {"kind": "fixed-delay", "tau": int(tau), "schedule": schedule},
         "optimizer": {"lr": float(lr if lr is not None else 0.1 / eigenvalue),
-                      "momentum": {"kind": momentum, "beta": float(beta)}},
+                      "momentum": {"kind": momentum, "beta": float(beta)},
+                      **dict(optimizer or {})},
         "model": {"name": "quadratic", "eigenvalues": [float(eigenvalue)],
                   "noise": float(noise)},
         "data": {"name": "gaussian", "dim": 1, "batch_size": int(batch_size),
@@ -199,7 +204,7 @@ class _Measure:
 def find_edge(tau: int, momentum: str = "none", beta: float = 0.0, *,
               schedule: str = "round-robin", eigenvalue: float = 1.0, noise: float = 0.0,
               n_lr: int = 256, steps: int | None = None, rel_tol: float = 1e-3,
-              seed: int = 0) -> float:
+              seed: int = 0, optimizer: Mapping[str, Any] | None = None) -> float:
     """Largest stable ``η·λ`` at delay τ, measured by simulation (P2, Sec. 3).
 
     Simulates the fixed-delay scenario (:func:`quadratic_scenario`), runs its trace for a
@@ -208,6 +213,7 @@ def find_edge(tau: int, momentum: str = "none", beta: float = 0.0, *,
     below ``rel_tol``. For ``schedule = "round-robin"`` this reproduces
     :func:`asyncsim.stability.edge` (``2 sin(π/(4τ+2))`` for plain SGD); for ``random`` and
     ``normal`` there is no closed form and the answer is the edge of that seed's trace.
+    ``optimizer`` adds ``[optimizer]`` keys (a remedy), as :func:`quadratic_scenario`.
 
     Returns:
         The largest ``x = η·λ`` measured stable (within ``rel_tol`` below the first
@@ -215,13 +221,13 @@ def find_edge(tau: int, momentum: str = "none", beta: float = 0.0, *,
     """
     return float(find_edges([tau], momentum, beta, schedule=schedule, eigenvalue=eigenvalue,
                             noise=noise, n_lr=n_lr, steps=steps, rel_tol=rel_tol,
-                            seed=seed)[0])
+                            seed=seed, optimizer=optimizer)[0])
 
 
 def find_edges(taus: Sequence[int], momentum: str = "none", beta: float = 0.0, *,
                schedule: str = "round-robin", eigenvalue: float = 1.0, noise: float = 0.0,
                n_lr: int = 256, steps: int | None = None, rel_tol: float = 1e-3,
-               seed: int = 0) -> np.ndarray:
+               seed: int = 0, optimizer: Mapping[str, Any] | None = None) -> np.ndarray:
     """:func:`find_edge` for several delays in one compiled program (vmapped over traces).
 
     Every trace gets the run length of the largest τ (shapes must match), and the ring
@@ -232,7 +238,8 @@ def find_edges(taus: Sequence[int], momentum: str = "none", beta: float = 0.0, *
     tmax = max(taus)
     steps = default_steps(tmax, schedule) if steps is None else int(steps)
     scns = [quadratic_scenario(t, momentum, beta, schedule=schedule, eigenvalue=eigenvalue,
-                               noise=noise, steps=steps, seed=seed) for t in taus]
+                               noise=noise, steps=steps, seed=seed, optimizer=optimizer)
+            for t in taus]
     traces = [simulate(s) for s in scns]
     return edges_of_traces(scns[taus.index(tmax)], traces, n_lr=n_lr, rel_tol=rel_tol)
 
