@@ -138,11 +138,13 @@ def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") 
     ScenarioErrors under ``key.<parameter>`` (the checks of a delay model's parameters).
     A rule without parameters set is the registered function itself."""
     name, params = rule_spec(spec, key)
-    return _bound(name, tuple(sorted(_checked(name, params, key).items())))
+    name_key = key if isinstance(spec, str) else f"{key}.name"
+    return _bound(name, tuple(sorted(_checked(name, params, key, name_key).items())))
 
 
-def _checked(name: str, params: Mapping[str, Any], key: str) -> dict[str, Any]:
-    fn = _lr_rules.get(name)
+def _checked(name: str, params: Mapping[str, Any], key: str,
+             name_key: str) -> dict[str, Any]:
+    fn = _lr_rules.get(name, name_key)
     # The three inputs are the first three parameters, whatever a plug-in calls them.
     inputs = tuple(signature_options(fn)[0])[:len(RULE_INPUTS)]
     return check_options(fn, params, key=key, what="learning-rate rule", name=name,

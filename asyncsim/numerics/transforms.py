@@ -69,6 +69,9 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
         raise ScenarioError(key, f"must be a table {{ name = \"adam\", ... }}, got {spec!r}")
     name = spec.get("name")
     names = transform_names()
+    if "name" not in spec:
+        raise ScenarioError(f"{key}.name", f"missing: the optax optimizer to step the PS, one "
+                            f"of: {', '.join(names)}")
     if not isinstance(name, str) or name not in names:
         raise ScenarioError(f"{key}.name", f"unknown optax optimizer {name!r}; allowed: "
                             f"{', '.join(names)}{did_you_mean(str(name), names)}")
@@ -76,13 +79,21 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
     if "learning_rate" in options:
         raise ScenarioError(f"{key}.learning_rate", "is set by asyncsim: optimizer.lr x "
                             "optimizer.schedule; give optimizer.lr instead")
+    fn = _aliases()[name]
+    defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()}
     for k, v in options.items():
         ok = (isinstance(v, bool | str) or
               (isinstance(v, int | float) and math.isfinite(v)))
         if not ok:
             raise ScenarioError(f"{key}.{k}", f"must be a finite number, true or false, or a "
                                 f"string, got {v!r}")
-    fn = _aliases()[name]
+        d = defaults.get(k)
+        # optax's annotations admit arrays; the default says what the option is.
+        if isinstance(d, bool) and not isinstance(v, bool):
+            raise ScenarioError(f"{key}.{k}", f"must be true or false, got {v!r}")
+        if (isinstance(d, int | float) and not isinstance(d, bool)
+                and (isinstance(v, bool) or not isinstance(v, int | float))):
+            raise ScenarioError(f"{key}.{k}", f"must be a finite number, got {v!r}")
     kwargs = check_options(fn, options, key=key, what="optax optimizer", name=name,
                            noun="option", exclude=("learning_rate",), also=("name",))
     return name, kwargs
@@ -103,8 +114,12 @@ def _built(name: str, kwargs: tuple[tuple[str, Any], ...], key: str):
     import optax
 
     fn = _aliases()[name]
+    # Only the rate is injected (a float32 array in the state, set each update); every other
+    # option stays the Python value optax.<name>(...) would see, so the arithmetic is the
+    # alias's own (a float32 b1 would round 1 - b1 differently).
+    static = tuple(n for n in inspect.signature(fn).parameters if n != "learning_rate")
     tx = call_checked(lambda **kw: optax.inject_hyperparams(
-        functools.partial(fn, **kw), hyperparam_dtype=jnp.float32)(learning_rate=1.0),
+        fn, static_args=static, hyperparam_dtype=jnp.float32)(learning_rate=1.0, **kw),
         dict(kwargs), key=key, what="optax optimizer", name=name)
     tiny = {"w": jnp.ones((2,), jnp.float32)}
     try:
