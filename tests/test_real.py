@@ -147,6 +147,9 @@ def test_real_runs_with_remedies_replay_bit_for_bit(cluster, tmp_path, tiny, opt
     assert trace.grads["staleness"].max() > 0  # something to compensate
     res = replay_folder(tmp_path / "real", out=tmp_path / "replay")
     assert res.summary["param_hash"] == s["param_hash"] and res.summary["matches_source"]
+    # The versions the PS kept for compensation, reported like a replay's version store.
+    assert 1 < s["ps_versions_held"] <= trace.grads["staleness"].max() + 1
+    assert s["ps_version_bytes"] == s["ps_versions_held"] * 4 * 49_338  # mlp [16]
 
 
 def test_a_diverging_real_run_stops_where_its_replay_stops(cluster, tmp_path, tiny):

@@ -273,8 +273,10 @@ class PSImpl:
             self._warm_protocol()
         self.clock.version = self.driver.start_version
         self.pending: dict[tuple[int, int], tuple] = {}  # (learner, batch) -> (loss, grads)
-        # (learner, batch) -> (read version, its parameters): kept under compensation only.
+        # (learner, batch) -> (read version, its parameters): kept under compensation only,
+        # the most distinct versions held at once reported (ps_versions_held).
         self.served: dict[tuple[int, int], tuple] = {}
+        self.versions_held = 0
         self.stop_reason = ""
         self.stopped = False
         # Compile the update program for this protocol's update size now, not during the
@@ -372,6 +374,8 @@ class PSImpl:
         self.inflight[ref] = (k, b, read, t_pull)
         if self.num.compensates:  # delay compensation reads the version served
             self.served[(k, b)] = (read, self.driver.state.params)
+            held = len({r for r, _ in self.served.values()})
+            self.versions_held = max(self.versions_held, held)
 
     def _apply_update(self, grads: list[tuple]) -> None:
         """The protocol's ``apply_update``: stack the taken gradients in order, apply, record."""
@@ -535,6 +539,10 @@ class PSImpl:
                  "short_rounds": len(short),
                  "resumes": len(self.resumes),
                  "real_wall_time": wall, "updates_per_s": new / wall if wall else None,
+                 **({"ps_versions_held": self.versions_held,
+                     "ps_version_bytes": self.versions_held * 4 * sum(
+                         int(np.size(a)) for a in jax.tree_util.tree_leaves(
+                             self.driver.state.params))} if self.num.compensates else {}),
                  **(info or {})}
         summary = self.driver.finish(trace, t_wall, kind="real", extra=extra).summary
         return {"summary": summary, "param_hash": summary["param_hash"]}
