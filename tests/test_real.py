@@ -113,6 +113,17 @@ def test_real_async_run_trace_and_folder(async_run):
     assert s["updates_per_s"] > 0
 
 
+def test_the_timeline_of_a_real_run(async_run, tmp_path):
+    # A real trace records when each learner started computing: pull and compute apart.
+    from asyncsim.timeline import intervals, utilisation
+
+    _, out, _ = async_run
+    iv = intervals(Trace.load(out))
+    assert {"pull", "compute", "push"} <= set(iv["kind"])
+    use = utilisation(iv)
+    assert np.allclose(use.drop(columns="learner").sum(axis=1), 1.0)
+
+
 def test_replay_of_real_run_is_bit_identical(async_run, tmp_path):
     _, out, s = async_run
     res = replay_folder(out, out=tmp_path / "replay")

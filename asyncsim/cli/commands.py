@@ -123,6 +123,22 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_timeline(args) -> int:
+    """``asyncsim timeline RUN_DIR``: the run's Gantt chart (:mod:`asyncsim.timeline`)."""
+    from asyncsim.timeline import draw_timeline
+
+    folder = Path(args.run_dir)
+    runs.require_run_folder(folder, scenario=False)
+    png = Path(args.figure) if args.figure else folder / "timeline.png"
+    with runs.locked(folder) if png.parent.resolve() == folder.resolve() \
+            else contextlib.nullcontext():
+        png, use = draw_timeline(folder, png, learners=args.learners, window=args.window)
+    if not args.quiet:
+        print(f"timeline: {png}")
+        print(use.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    return 0
+
+
 def cmd_replay(args) -> int:
     from asyncsim.api import replay_folder
 

@@ -97,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figure", metavar="PNG", help="write a figure of the edges")
     p.set_defaults(func="stability:stability_command")
 
+    p = sub.add_parser("timeline", help="a Gantt chart of a run folder, from its trace alone")
+    p.add_argument("run_dir", help="a run folder (simulated, replayed or real)")
+    p.add_argument("--figure", metavar="PNG", help="where to draw it (default: "
+                   "RUN_DIR/timeline.png; its intervals beside it as .csv)")
+    p.add_argument("--learners", metavar="A:B", help="only learners A <= k < B")
+    p.add_argument("--window", metavar="T0:T1", help="only the times T0 .. T1")
+    p.add_argument("--quiet", action="store_true", help="no utilisation table")
+    p.set_defaults(func="commands:cmd_timeline")
+
     p = sub.add_parser("figures", help="draw figures from existing run folders only")
     p.add_argument("names", nargs="*", help="figure names (default: all)")
     p.add_argument("--runs", default="runs", help="folder holding the run folders")
