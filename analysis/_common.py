@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from asyncsim._io import read_csv, read_json, read_npz, read_toml
-from asyncsim.config import drop_unused
+from asyncsim.config import drop_unused, rule_label
 from asyncsim.runs import EDGES_CSV, scenario_toml
 from asyncsim.scenario import load_scenario, point_scenarios
 
@@ -62,7 +62,7 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
             "protocol": proto.get("kind"), "n": proto.get("n"),
             "learners": scn.get("cluster", {}).get("learners"),
             "batch_size": scn.get("data", {}).get("batch_size"),
-            "lr": opt.get("lr"), "lr_rule": opt.get("lr_rule", "constant"),
+            "lr": opt.get("lr"), "lr_rule": rule_label(opt.get("lr_rule", "constant")),
             "warmup_updates": opt.get("schedule", {}).get("warmup_updates", 0),
             "scenario": scn, "summary": summary, "has_eval": has_eval,
         })

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim._io import read_json, read_toml
+from asyncsim.config import rule_label
 from asyncsim.stability.closed_form import edge as closed_edge
 
 from ._common import finished_points, save
@@ -49,7 +50,7 @@ def points(sweep_dir: Path) -> pd.DataFrame:
         eta = float(summary["lr_at_tau"])
         sh = _nan(summary.get("final_sharpness"))
         e = float(closed_edge(tau))
-        rows.append({"tau": tau, "lr_rule": scn["optimizer"].get("lr_rule", "constant"),
+        rows.append({"tau": tau, "lr_rule": rule_label(scn["optimizer"].get("lr_rule", "constant")),
                      "eta0": eta0, "eta": eta,
                      "updates": summary.get("updates"), "seed": scn.get("seed", 0),
                      "final_train_loss": summary.get("final_train_loss"),

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from asyncsim._io import read_csv, read_json, read_toml
+from asyncsim.config import rule_label
 from asyncsim.trace import Trace
 
 from ._common import add_caption
@@ -42,7 +43,8 @@ def draw(run_dir: Path, out_dir: Path) -> list[Path]:
     fig.suptitle(
         f"{scn['name']}: {scn['cluster']['learners']} learners, {proto['kind']}"
         f"{' n=' + str(proto['n']) if 'n' in proto else ''}, lr rule "
-        f"{scn['optimizer']['lr_rule']}, {scn['model']['name']} on {scn['data']['name']} "
+        f"{rule_label(scn['optimizer']['lr_rule'])}, {scn['model']['name']} on "
+        f"{scn['data']['name']} "
         f"({summary['epochs']:.1f} epochs, seed {scn['seed']})", fontsize=8)
     fig.tight_layout()
     add_caption(fig, run_dir)

@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from asyncsim.config import rule_label
 from asyncsim.stability import closed_form_applies, edge
 
 from ._common import load_points, read_eval, save, setup_label
@@ -58,9 +59,11 @@ def remedy_of(scn: dict) -> str:
     if tx == "adam" and rule == "inverse-staleness":
         return "adam-p1"
     if comp is not None:
-        return comp if rule == "constant" and kind == "heavy-ball" else f"{comp}+{rule}"
+        return (comp if rule == "constant" and kind == "heavy-ball"
+                else f"{comp}+{rule_label(rule)}")
     if isinstance(rule, dict):
-        return rule.get("name", "?") if kind == "heavy-ball" else f"{rule.get('name')}+{kind}"
+        return rule_label(rule).split("(")[0] if kind == "heavy-ball" else \
+            f"{rule_label(rule)}+{kind}"
     base = _RULES.get(rule, rule)
     if kind == "shifted":
         return f"{base}-shifted"

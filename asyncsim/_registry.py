@@ -273,9 +273,13 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
         if t is float:
             wants.append("a finite number")
             if isinstance(value, int | float) and not isinstance(value, bool):
+                try:
+                    value = float(value)
+                except OverflowError:  # an integer beyond float range (TOML's are unbounded)
+                    value = math.inf
                 if not math.isfinite(value):
                     raise ScenarioError(key, f"must be a finite number, got {value!r}")
-                return float(value)
+                return value
         elif t is int:
             wants.append("an integer")
             if isinstance(value, int) and not isinstance(value, bool):

@@ -143,6 +143,30 @@ def check_dampening(momentum: MomentumConfig) -> float | str | None:
     return float(d)
 
 
+def rule_spec(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule"
+              ) -> tuple[str, dict[str, Any]]:
+    """``(name, parameters)`` of an ``lr_rule`` value: a name, or a table with ``name``."""
+    if isinstance(spec, str):
+        return spec, {}
+    if not isinstance(spec, Mapping):
+        raise ScenarioError(key, f"must be a rule's name or a table {{ name = ..., "
+                            f"<parameter> = ... }}, got {spec!r}")
+    if "name" not in spec:
+        raise ScenarioError(f"{key}.name", "missing: a table lr_rule names its rule "
+                            "(lr_rule = { name = \"polynomial\", a = 0.5 })")
+    name = spec["name"]
+    if not isinstance(name, str):
+        raise ScenarioError(f"{key}.name", f"must be a string, got {name!r}")
+    return name, {k: v for k, v in spec.items() if k != "name"}
+
+
+def rule_label(spec: str | Mapping[str, Any]) -> str:
+    """A rule as one word for tables and captions: ``polynomial(a=0.5)``, or its name."""
+    name, params = rule_spec(spec)
+    return f"{name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})" if params \
+        else name
+
+
 class OptimizerChoices(NamedTuple):
     """The optimizer's named choices, checked and with their defaults filled in
     (:func:`optimizer_choices`)."""

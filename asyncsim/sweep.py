@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, read_json, read_toml
+from asyncsim._io import DamagedFile, _toml_value, read_json, read_toml
 from asyncsim.config import Scenario
 from asyncsim.drivers.choose import sweep_path
 from asyncsim.drivers.driver import numerics_for
@@ -176,7 +176,9 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
         folder = out / it["point"]
         complete = runs.is_complete(folder)
         summary = runs.read_summary(folder) if complete else {}
-        row: dict[str, Any] = {"point": it["point"], **it["keys"], "folder": str(folder),
+        # A table value (an lr_rule with parameters, a compensation) as its TOML text.
+        keys = {k: _toml_value(v) if isinstance(v, Mapping) else v for k, v in it["keys"].items()}
+        row: dict[str, Any] = {"point": it["point"], **keys, "folder": str(folder),
                                # What ran (an API caller's vmap= may override the file).
                                "sweep_path": summary.get("sweep_path")
                                or it["scenario"].run.sweep_path,

@@ -192,10 +192,14 @@ class Hand:
             w_total += w
             step = [s + w * x for s, x in zip(step, g, strict=True)]
         if self.tx is None:
-            return [x - s for x, s in zip(now, step, strict=True)], stats, tx_state
-        d = [s + (w_total * np.float32(self.wd)) * x for s, x in zip(step, now, strict=True)]
-        u, tx_state = self.tx_step(self.tree(now), tx_state, self.tree(d))
-        return [x + np.asarray(y) for x, y in zip(now, leaves(u), strict=True)], stats, tx_state
+            new = [x - s for x, s in zip(now, step, strict=True)]
+        else:
+            d = [s + (w_total * np.float32(self.wd)) * x for s, x in zip(step, now, strict=True)]
+            u, tx_state = self.tx_step(self.tree(now), tx_state, self.tree(d))
+            new = [x + np.asarray(y) for x, y in zip(now, leaves(u), strict=True)]
+        if hasattr(self.compensate, "after"):  # statistics of the step itself (gap-aware)
+            stats = self.compensate.after(stats, now, new)
+        return new, stats, tx_state
 
     def trajectory(self, trace: Trace):
         versions = {0: leaves(self.p0)}
@@ -296,21 +300,28 @@ def dc_asgd_a(lam=2.0, momentum=0.95, eps=1e-7):
     return compensate
 
 
-def gap_aware(lr, gamma=0.999, eps=1e-8):
-    lr, gm, eps = np.float32(lr), np.float32(gamma), np.float32(eps)
+def gap_aware(gamma=0.999, eps=1e-8):
+    gm, eps = np.float32(gamma), np.float32(eps)
 
     def compensate(g, now, read, stats):
         v, k = stats if stats is not None else ([np.zeros_like(x) for x in g], 0)
-        v = [gm * s + (np.float32(1) - gm) * x * x for s, x in zip(v, g, strict=True)]
-        k += 1
-        # Adam's bias correction after k gradients, in float32 as the core rounds it: 1 - gamma^k
+        # Adam's bias correction after k updates, in float32 as the core rounds it: 1 - gamma^k
         # cancels (gamma = 0.999), so its float32 rounding is ~1e-5 relative, which Adam's
         # normalisation downstream (a transform) carries to ~1e-5 in the weights.
         corr = np.float32(1) - np.float32(float(gm) ** k)
-        out = [x / (np.float32(1) + np.abs(a - b) / (lr * (np.sqrt(s / corr) + eps)))
-               for x, s, a, b in zip(g, v, now, read, strict=True)]
+        c = [(np.sqrt(s / corr) if k else np.zeros_like(s)) + eps for s in v]
+        out = [x / (np.float32(1) + np.abs(a - b) / ci)
+               for x, ci, a, b in zip(g, c, now, read, strict=True)]
         return out, (v, k)
 
+    def after(stats, before, new):
+        """C's statistics: the EMA of the squared step each update took."""
+        v, k = stats if stats is not None else ([np.zeros_like(x) for x in before], 0)
+        v = [gm * s + (np.float32(1) - gm) * (a - b) * (a - b)
+             for s, a, b in zip(v, new, before, strict=True)]
+        return v, k + 1
+
+    compensate.after = after
     return compensate
 
 
@@ -321,9 +332,9 @@ COMPENSATIONS = {
     "dc-asgd-a": ({"kind": "dc-asgd-a"}, dc_asgd_a(), (ASYNC, SOFTSYNC)),
     "dc-asgd-a-options": ({"kind": "dc-asgd-a", "lambda": 1.0, "momentum": 0.5, "eps": 1e-6},
                           dc_asgd_a(1.0, 0.5, 1e-6), (SOFTSYNC,)),
-    "gap-aware": ({"kind": "gap-aware"}, gap_aware(LR), (ASYNC, SOFTSYNC)),
+    "gap-aware": ({"kind": "gap-aware"}, gap_aware(), (ASYNC, SOFTSYNC)),
     "gap-aware-options": ({"kind": "gap-aware", "gamma": 0.9, "eps": 1e-6},
-                          gap_aware(LR, 0.9, 1e-6), (ASYNC,)),
+                          gap_aware(0.9, 1e-6), (ASYNC,)),
 }
 COMP_CASES = [pytest.param(spec, comp, proto, id=f"{name}-{proto['kind']}")
               for name, (spec, comp, protos) in COMPENSATIONS.items() for proto in protos]
@@ -371,7 +382,7 @@ TX_CASES = {
     "adam+inverse-staleness+gap-aware": (
         {"lr": 0.01, "transform": {"name": "adam"}, "lr_rule": "inverse-staleness",
          "compensation": {"kind": "gap-aware"}},
-        SOFTSYNC, inverse_staleness, gap_aware(0.01), optax.adam(0.01), 0.0),
+        SOFTSYNC, inverse_staleness, gap_aware(), optax.adam(0.01), 0.0),
 }
 
 
@@ -482,6 +493,17 @@ BAD = [
     ({"lr_rule": {"name": "fedbuff", "a": 1.0}}, "optimizer.lr_rule.a", "unknown"),
     ({"lr_rule": {"name": "polynomal", "a": 0.5}}, "optimizer.lr_rule.name",
      "did you mean 'polynomial'"),
+    # (a review found these)
+    ({"transform": {"name": "noisy_sgd"}}, "optimizer.transform.name", "unknown"),
+    ({"transform": {"name": "adam", "b1": "x"}}, "optimizer.transform.b1", "number"),
+    ({"transform": {"name": "sgd", "momentum": True}}, "optimizer.transform.momentum",
+     "number"),
+    ({"transform": {"name": "adamw", "mask": "x"}}, "optimizer.transform.mask", "function"),
+    ({"transform": {}}, "optimizer.transform.name", "missing"),
+    ({"compensation": {"kind": "dc-asgd", "lambda": 10 ** 400}},
+     "optimizer.compensation.lambda", "finite"),
+    ({"lr_rule": {"name": "polynomial", "a": 10 ** 400}}, "optimizer.lr_rule.a", "finite"),
+    ({"lr_rule": {"name": "hinge", "a": -1.0}}, "optimizer.lr_rule.a", ">= 0"),
 ]
 
 
@@ -573,3 +595,15 @@ def test_a_sweep_over_a_rule_parameter_shares_one_trace(tmp_path):
         alone = load_scenario(merged(BASE, protocol=ASYNC, optimizer={
             "lr": 0.05, "lr_rule": {"name": "polynomial", "a": float(row["optimizer.lr_rule.a"])}}))
         assert run(alone, progress=False).summary["param_hash"] == row["param_hash"]
+
+
+def test_a_rule_registered_again_takes_effect(fresh_registries):
+    # The bound rules are cached by function, not by name: replace=True (or a Ray worker's
+    # registration) is the rule the scenario means.
+    from asyncsim.numerics.lr_rules import rate_at_delay, register_lr_rule
+
+    register_lr_rule("mine", lambda lr, tau, mean: lr * jnp.ones_like(tau))
+    assert rate_at_delay("mine", 1.0, 3) == 1.0
+    register_lr_rule("mine", lambda lr, tau, mean: 0.5 * lr * jnp.ones_like(tau),
+                     replace=True)
+    assert rate_at_delay("mine", 1.0, 3) == 0.5

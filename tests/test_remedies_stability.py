@@ -21,9 +21,22 @@ def test_which_remedies_have_a_closed_form():
     assert not closed_form_applies({"compensation": {"kind": "gap-aware"}})[0]
     assert not closed_form_applies({"transform": {"name": "adam"}})[0]
     assert closed_form_applies({"transform": {"name": "sgd"}})[0]
+    ok, why = closed_form_applies({"transform": {"name": "sgd", "momentum": 0.5}})
+    assert ok and "heavy-ball edge at beta = 0.5" in why
+    from types import MappingProxyType
+
     from asyncsim.config import OptimizerConfig
 
     assert not closed_form_applies(OptimizerConfig(transform={"name": "rmsprop"}))[0]
+    assert not closed_form_applies(MappingProxyType({"transform": {"name": "adam"}}))[0]
+
+
+def test_find_edge_keeps_its_momentum_arguments_under_optimizer_keys():
+    # optimizer={"momentum": {...}} adds to the momentum the arguments name, not replaces it.
+    hb = find_edge(TAU, "heavy-ball", 0.5, steps=STEPS)
+    also = find_edge(TAU, "heavy-ball", 0.5, steps=STEPS,
+                     optimizer={"momentum": {"style": "caffe"}})
+    assert also == hb and hb == pytest.approx(edge(TAU, "heavy-ball", 0.5), rel=2e-3)
 
 
 @pytest.mark.parametrize("rule", [{"name": "polynomial", "a": 0.5}, "fedbuff",

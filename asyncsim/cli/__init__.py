@@ -64,13 +64,15 @@ class _ExitWithoutTeardown:
     closed (they are written whole, in ``with`` blocks, see ``asyncsim._io``). Non-daemon
     threads have been joined before exit handlers run. ``code`` stays None when the verb
     did not return (argparse's ``--help`` or usage error, an uncaught exception): that
-    exit takes the interpreter's normal way out."""
+    exit takes the interpreter's normal way out, and so does a process measured by
+    coverage.py, whose data are written at the normal exit. Exit handlers registered before
+    :func:`console` runs (none of asyncsim's) would be skipped."""
 
     code: int | None = None
 
     def __call__(self) -> None:
-        if self.code is None:
-            return
+        if self.code is None or "coverage" in sys.modules:
+            return  # (coverage.py writes its data at the normal exit)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

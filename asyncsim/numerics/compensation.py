@@ -19,21 +19,24 @@ aggregates it (so it combines with every lr rule, momentum kind, style and optax
   (defaults ``lambda = 2``, ``momentum = 0.95``, ``eps = 1e-7``, as public DC-ASGD-a
   implementations set them).
 * ``gap-aware`` -- Barkai, Hakimi, Schuster, "Gap-aware mitigation of gradient staleness",
-  ICLR 2020 (arXiv:1909.10802): the Gap of each parameter, ``|theta_now -
-  theta_read|`` normalised by ``C``, the typical distance a parameter moves in one step; the
-  gradient is divided element-wise by ``G = 1 + |theta_now - theta_read| / C`` (``G = 1``
-  for a fresh gradient, linear in the gap beyond). ``C = lr * (sqrt(v_hat) + eps)``, with
-  ``v`` the exponential moving average of the squared gradients (``gamma = 0.999``,
-  bias-corrected as Adam's: ``v_hat = v / (1 - gamma^k)`` after ``k`` gradients) and ``lr``
-  the base rate alpha0 (the largest rate of a decay schedule). The paper's text could not be
-  consulted while this was written (no network); the form follows its abstract ("penalizes
-  stale gradients linearly to the Gap") and the authors' group's public implementation.
+  ICLR 2020 (arXiv:1909.10802): the Gap of each parameter, ``|theta_now - theta_read|``
+  normalised by ``C``, the typical distance a parameter moves in one step; the gradient is
+  divided element-wise by ``G = 1 + |theta_now - theta_read| / C`` (``G = 1`` for a fresh
+  gradient, linear in the gap beyond). ``C = sqrt(v_hat) + eps``: the root mean square of
+  the parameter's recent steps, ``v`` the exponential moving average of the squared update
+  ``(theta_{t+1} - theta_t)^2`` (``gamma = 0.999``, bias-corrected as Adam's: ``v_hat = v /
+  (1 - gamma^k)`` after ``k`` updates). Under plain SGD that is ``lr * rms(g)``, the
+  normaliser of the authors' implementation; under momentum (their implementation then
+  averages the momentum buffer's square) or an optax transform it is the step those
+  actually take. The paper's text could not be consulted while this was written (no
+  network); the form follows its abstract ("penalizes stale gradients linearly to the Gap")
+  and the authors' group's public implementation.
 
 A gradient of staleness 0 (``theta_read = theta_now``) is unchanged by all three (bit for
-bit), though ``dc-asgd-a`` and ``gap-aware`` still count it in their statistics. The
-statistics are part of the core's state (``CoreState.comp``), one array like each parameter
-plus a count: checkpointed and replayed with it. Within an update of ``c`` gradients they are
-updated gradient by gradient, in slot order.
+bit), though ``dc-asgd-a`` still counts it in its statistics. The statistics are part of the
+core's state (``CoreState.comp``), one array like each parameter plus a count: checkpointed
+and replayed with it. ``dc-asgd-a`` updates them gradient by gradient, in slot order;
+``gap-aware`` once per update, from the step the update took (:attr:`Compensation.after`).
 
 The core stays a pure function: it takes the read versions' parameters as an argument
 (``apply(..., read_params=...)``); the drivers keep what it needs (the online driver's and
@@ -67,12 +70,14 @@ __all__ = ["KINDS", "Compensation", "compensation_spec", "make_compensation"]
 
 
 class Compensation(NamedTuple):
-    """``init(params) -> state`` and ``apply(state, grads, params_now, read, valid, lr) ->
-    (grads, state)``: the c gradients (leading axis c) rewritten in slot order."""
+    """``init(params) -> state``; ``apply(state, grads, params_now, read, valid) -> (grads,
+    state)``: the c gradients (leading axis c) rewritten in slot order; ``after(state,
+    params_before, params_after) -> state``: the statistics after the update's step."""
 
     kind: str
     init: Any
     apply: Any
+    after: Any
 
 
 def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[str, float]]:
@@ -94,11 +99,18 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
                                 f"allowed: kind, {', '.join(allowed)}"
                                 f"{did_you_mean(k, list(allowed))}")
         what, ok = allowed[k][1]
-        if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+        if (isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v)
                 or not ok(float(v))):
             raise ScenarioError(f"{key}.{k}", f"must be a finite number {what}, got {v!r}")
         out[k] = float(v)
     return kind, out
+
+
+def _finite(v: float) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:  # an integer beyond float range (TOML's are unbounded)
+        return False
 
 
 def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
@@ -111,7 +123,7 @@ def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
             return ()
         return (tm(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
 
-    def one(stats, g, now, read, ok, lr):
+    def one(stats, g, now, read, ok):
         """One gradient: (its compensated value, the statistics after it)."""
         gap = tm(lambda a, b: a - b, now, read)
         if kind == "dc-asgd":
@@ -124,32 +136,38 @@ def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
             lam = jnp.float32(p["lambda"])
             eps = jnp.float32(p["eps"])
             out = tm(lambda x, s, d: x + (lam / jnp.sqrt(s + eps)) * x * x * d, g, sq_new, gap)
-        else:  # gap-aware
-            gm = jnp.float32(p["gamma"])
-            sq_new = tm(lambda s, x: gm * s + (1.0 - gm) * x * x, sq, g)
-            k = count + 1.0
-            corr = 1.0 - jnp.power(gm, k)
+        else:  # gap-aware: C from the steps so far (none yet: every gap is 0, G = 1)
+            corr = 1.0 - jnp.power(jnp.float32(p["gamma"]), count)
             eps = jnp.float32(p["eps"])
-            out = tm(lambda x, s, d: x / (1.0 + jnp.abs(d) / (lr * (jnp.sqrt(s / corr) + eps))),
-                     g, sq_new, gap)
+            out = tm(lambda x, s, d: x / (1.0 + jnp.abs(d) / (
+                jnp.sqrt(jnp.where(count > 0, s / corr, 0.0)) + eps)), g, sq, gap)
+            return out, stats
         # A padding slot changes nothing: its statistics stay (its gradient is dropped later).
         sq_kept = tm(lambda n, o: jnp.where(ok, n, o), sq_new, sq)
         return out, (sq_kept, jnp.where(ok, count + 1.0, count))
 
-    def apply(state, grads, params_now, read, valid, lr):
+    def apply(state, grads, params_now, read, valid):
         c = jax.tree_util.tree_leaves(grads)[0].shape[0]
         valid = jnp.ones((c,), bool) if valid is None else valid
         if c == 1:
             g, state = one(state, tm(lambda x: x[0], grads), params_now,
-                           tm(lambda x: x[0], read), valid[0], lr)
+                           tm(lambda x: x[0], read), valid[0])
             return tm(lambda x: x[None], g), state
 
         def slot(stats, xs):
             g_l, r_l, ok = xs
-            g, stats = one(stats, g_l, params_now, r_l, ok, lr)
+            g, stats = one(stats, g_l, params_now, r_l, ok)
             return stats, g
 
         state, out = jax.lax.scan(slot, state, (grads, read, valid))
         return out, state
 
-    return Compensation(kind, init, apply)
+    def after(state, before, now):
+        if kind != "gap-aware":
+            return state
+        sq, count = state
+        gm = jnp.float32(p["gamma"])
+        sq = tm(lambda s, a, b: gm * s + (1.0 - gm) * (a - b) * (a - b), sq, now, before)
+        return sq, count + 1.0
+
+    return Compensation(kind, init, apply, after)

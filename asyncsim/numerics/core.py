@@ -397,13 +397,15 @@ def make_core(
                 kind, params, state.momentum, grads, weights, mult, wd, beta, fresh,
                 state.started, eta)
 
+        if comp is not None:  # gap-aware's step statistics
+            comp_state = comp.after(comp_state, params, new_params)
         if valid is not None:
             # An all-padding update is a no-op (momentum must not decay on an empty update).
             any_valid = n_valid > 0
-            new_params, momentum, started, opt_state = tm(
+            new_params, momentum, started, opt_state, comp_state = tm(
                 lambda n, o: jnp.where(any_valid, n, o), (new_params, momentum, started,
-                                                          opt_state),
-                (params, state.momentum, state.started, state.opt_state))
+                                                          opt_state, comp_state),
+                (params, state.momentum, state.started, state.opt_state, state.comp))
 
         return CoreState(params=new_params, momentum=momentum, stale_sum=stale_sum,
                          grad_count=grad_count, hyper=hyper, started=started, comp=comp_state,
@@ -419,8 +421,7 @@ def _compensated(comp, state, grads, valid, read_params):
     if read_params is None:
         raise ValueError("optimizer.compensation needs read_params, the parameters each "
                          "gradient was computed on")
-    grads, stats = comp.apply(state.comp, grads, state.params, read_params, valid,
-                              state.hyper["lr"])
+    grads, stats = comp.apply(state.comp, grads, state.params, read_params, valid)
     if valid is not None:  # a padding slot's rewritten value is dropped as before
         grads = jax.tree_util.tree_map(
             lambda g: jnp.where(_bcast(valid, g), g, jnp.zeros((), g.dtype)), grads)

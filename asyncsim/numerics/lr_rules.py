@@ -36,6 +36,7 @@ from asyncsim._registry import (
     check_options,
     signature_options,
 )
+from asyncsim.config import rule_label, rule_spec  # noqa: F401  (re-exported)
 from asyncsim.errors import ScenarioError
 
 LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
@@ -71,10 +72,10 @@ def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = Fal
     without (then required), annotated ``float``/``int``/``bool`` -- a scenario gives them
     as ``lr_rule = { name = "mine", a = 0.5 }``, checked against this signature.
 
-    Under ``optimizer.momentum.style = "torch"`` the core takes ``rule(1, staleness,
-    mean_staleness)`` as each gradient's weight and applies ``lr`` outside the momentum
-    buffer (PyTorch's form), so there a rule must be linear in ``lr``, ``rule(lr, ...) = lr
-    * rule(1, ...)``, as every built-in rule is.
+    Under ``optimizer.momentum.style = "torch"`` and with an ``optimizer.transform`` the core
+    takes ``rule(1, staleness, mean_staleness)`` as each gradient's weight and applies ``lr``
+    outside the momentum buffer or in the transform (PyTorch's form), so there a rule must be
+    linear in ``lr``, ``rule(lr, ...) = lr * rule(1, ...)``, as every built-in rule is.
 
     Usable as a decorator (``@register_lr_rule("mine")``) or directly
     (``register_lr_rule("mine", fn)``). An installed package can instead expose the function
@@ -108,30 +109,6 @@ def get_lr_rule(name: str) -> LrRule:
     return _lr_rules.get(name)
 
 
-def rule_spec(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule"
-              ) -> tuple[str, dict[str, Any]]:
-    """``(name, parameters)`` of an ``lr_rule`` value: a name, or a table with ``name``."""
-    if isinstance(spec, str):
-        return spec, {}
-    if not isinstance(spec, Mapping):
-        raise ScenarioError(key, f"must be a rule's name or a table {{ name = ..., "
-                            f"<parameter> = ... }}, got {spec!r}")
-    if "name" not in spec:
-        raise ScenarioError(f"{key}.name", "missing: a table lr_rule names its rule "
-                            "(lr_rule = { name = \"polynomial\", a = 0.5 })")
-    name = spec["name"]
-    if not isinstance(name, str):
-        raise ScenarioError(f"{key}.name", f"must be a string, got {name!r}")
-    return name, {k: v for k, v in spec.items() if k != "name"}
-
-
-def rule_label(spec: str | Mapping[str, Any]) -> str:
-    """A rule as one word for tables and captions: ``polynomial(a=0.5)``, or its name."""
-    name, params = rule_spec(spec)
-    return f"{name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})" if params \
-        else name
-
-
 def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") -> LrRule:
     """The rule an ``lr_rule`` value names, its parameters checked against the rule's
     signature and bound: unknown, missing, wrong-typed or non-finite parameters are one-line
@@ -139,7 +116,13 @@ def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") 
     A rule without parameters set is the registered function itself."""
     name, params = rule_spec(spec, key)
     name_key = key if isinstance(spec, str) else f"{key}.name"
-    return _bound(name, tuple(sorted(_checked(name, params, key, name_key).items())))
+    kwargs = _checked(name, params, key, name_key)
+    for k, v in kwargs.items():
+        if k in _NONNEG.get(name, ()) and v < 0:
+            raise ScenarioError(f"{key}.{k}", f"must be >= 0, got {v!r}")
+    # Keyed on the function, not the name: a rule registered again (replace=True, or in a
+    # Ray worker) takes effect.
+    return _bound(_lr_rules.get(name, name_key), tuple(sorted(kwargs.items())))
 
 
 def _checked(name: str, params: Mapping[str, Any], key: str,
@@ -151,10 +134,14 @@ def _checked(name: str, params: Mapping[str, Any], key: str,
                          exclude=inputs, also=("name",))
 
 
+# Built-in parameters that must be >= 0 (a negative hinge slope divides by zero at some tau,
+# a negative exponent makes staler gradients count more).
+_NONNEG = {"polynomial": ("a",), "hinge": ("a", "b"), "exponential": ("a",)}
+
+
 @functools.cache
-def _bound(name: str, params: tuple[tuple[str, Any], ...]) -> LrRule:
+def _bound(fn: LrRule, params: tuple[tuple[str, Any], ...]) -> LrRule:
     # One object per (rule, parameters): the summary-rate programs are cached by rule.
-    fn = _lr_rules.get(name)
     return functools.partial(fn, **dict(params)) if params else fn
 
 

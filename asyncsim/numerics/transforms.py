@@ -35,8 +35,12 @@ from asyncsim._registry import call_checked, check_options
 from asyncsim.errors import ScenarioError, did_you_mean
 
 KEY = "optimizer.transform"
-# Aliases that need more than gradients to step (L-BFGS: the loss, for its line search).
-_NEEDS_MORE = ("lbfgs",)
+# Aliases that need more than gradients to step (L-BFGS: the loss, for its line search) or
+# that draw noise from a key of their own (noisy_sgd: optax's fixed key, not the scenario's
+# seed, and a typed key in its state that checkpoints cannot hold).
+_NEEDS_MORE = ("lbfgs", "noisy_sgd")
+# Options that optax takes as functions (a mask over the parameters): not from a file.
+_CALLABLE_ONLY = ("mask", "weight_decay_mask")
 
 __all__ = ["make_transform", "transform_names", "transform_spec"]
 
@@ -82,12 +86,17 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
     fn = _aliases()[name]
     defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()}
     for k, v in options.items():
-        ok = (isinstance(v, bool | str) or
-              (isinstance(v, int | float) and math.isfinite(v)))
+        ok = isinstance(v, bool | str) or (isinstance(v, int | float) and _finite(v))
         if not ok:
             raise ScenarioError(f"{key}.{k}", f"must be a finite number, true or false, or a "
                                 f"string, got {v!r}")
+        if k in _CALLABLE_ONLY:
+            raise ScenarioError(f"{key}.{k}", "takes a function in optax, which a scenario "
+                                "file cannot give")
         d = defaults.get(k)
+        ann = str(inspect.signature(fn).parameters[k].annotation) if k in defaults else ""
+        if d is None and "float" in ann and (isinstance(v, bool) or isinstance(v, str)):
+            raise ScenarioError(f"{key}.{k}", f"must be a finite number, got {v!r}")
         # optax's annotations admit arrays; the default says what the option is.
         if isinstance(d, bool) and not isinstance(v, bool):
             raise ScenarioError(f"{key}.{k}", f"must be true or false, got {v!r}")
@@ -97,6 +106,13 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
     kwargs = check_options(fn, options, key=key, what="optax optimizer", name=name,
                            noun="option", exclude=("learning_rate",), also=("name",))
     return name, kwargs
+
+
+def _finite(v: float) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:  # an integer beyond float range (TOML's are unbounded)
+        return False
 
 
 def make_transform(spec: Mapping[str, Any], key: str = KEY):

@@ -45,25 +45,32 @@ def closed_form_applies(optimizer) -> tuple[bool, str]:
       minimum -- the correction ``λ g⊙g⊙Δθ`` (``λ0 g⊙g⊙Δθ / √ms``) is cubic (quadratic) in
       the distance from it, so it leaves the linearised dynamics; a run from a finite
       distance feels it (measured at τ = 4 from w = 1: dc-asgd, λ = 0.04, 0.3474 on the
-      quadratic λ_h = 0.01 but 0.354 on λ_h = 1; dc-asgd-a 0.356 on both; plain 0.3473);
-    * ``gap-aware``: no -- dividing by ``1 + |Δθ|/C`` with ``C ∝ rms(g)`` is homogeneous of
+      quadratic λ_h = 0.01 but 0.355 on λ_h = 1; dc-asgd-a 0.3555 and 0.3568; plain
+      0.3473);
+    * ``gap-aware``: no -- dividing by ``1 + |Δθ|/C`` with ``C`` the rms step is homogeneous of
       degree 1, not linear: the ratio does not vanish near the minimum;
     * an optax ``transform``: no (adaptive preconditioners are not linear), except
-      ``sgd``, which is torch-style SGD (its ``momentum`` a heavy-ball, with ``nesterov``
-      a Nesterov buffer).
+      ``sgd``, which is torch-style SGD: the plain edge, or with ``momentum`` the heavy-ball
+      (``nesterov``: Nesterov) edge at that beta.
 
     The measured-edge tool measures any of them (:func:`asyncsim.stability.measured.
     find_edge` with ``optimizer=``).
     """
-    get = optimizer.get if isinstance(optimizer, dict) else (
+    from collections.abc import Mapping
+
+    get = optimizer.get if isinstance(optimizer, Mapping) else (
         lambda k, d=None: getattr(optimizer, k, d))
     transform = get("transform")
     if transform is not None and transform.get("name") != "sgd":
         return False, (f"optax transform {transform.get('name')!r}: an adaptive update is "
                        "not linear, no closed form (measure it)")
+    if transform is not None and transform.get("momentum"):
+        kind = "nesterov" if transform.get("nesterov") else "heavy-ball"
+        return True, (f"optax sgd with momentum: the {kind} edge at beta = "
+                      f"{transform['momentum']} (torch style), divided by rule(1, τ)")
     comp = get("compensation")
     if comp is not None and comp.get("kind") == "gap-aware":
-        return False, ("gap-aware divides by 1 + |Δθ|/C, C ∝ rms(g): homogeneous, not "
+        return False, ("gap-aware divides by 1 + |Δθ|/C, C the rms step: homogeneous, not "
                        "linear near the minimum; no closed form (measure it)")
     if comp is not None:
         return True, (f"{comp.get('kind')}: its correction is of higher order in the distance "

@@ -482,6 +482,7 @@ class PSImpl:
                           "t": self.now(), "version": self.clock.version,
                           "error": type(e).__name__}
                     self.restarts.append({"event": "lost", **ev})
+                    self.served.pop((k, b), None)  # its version is no longer read
                     if self.proto.on_lost(self.clock, k):
                         # hardsync: rounds go on with the live learners from this one on (it
                         # may have been applied just now) until the restarted actor answers
