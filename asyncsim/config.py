@@ -41,10 +41,29 @@ class LinkConfig:
     bytes: int | None = None  # message size; None = 4 bytes x the model's parameter count
 
 
+SHARINGS = ("fair", "fifo")
+
+
+@dataclass(frozen=True)
+class SharedLinkConfig:
+    """The PS's network interface in one direction, shared by every learner's transfers."""
+
+    bandwidth: float = math.inf  # bytes per simulated second; inf = size costs nothing
+    # fair (processor sharing: the bandwidth divided among the transfers in progress) | fifo
+    # (one transfer at a time, in arrival order)
+    sharing: str = "fair"
+
+
 @dataclass(frozen=True)
 class NetworkConfig:
     pull: LinkConfig = field(default_factory=LinkConfig)  # PS -> learner (weights)
     push: LinkConfig = field(default_factory=LinkConfig)  # learner -> PS (gradient)
+    # The PS's interface, shared by all pulls (egress) / all pushes (ingress), on top of each
+    # learner's own link: a pull crosses the egress, then the learner's link; a push the
+    # learner's link, then the ingress. Bytes per transfer: the direction's message size.
+    # None: unlimited
+    ps_ingress: SharedLinkConfig | None = None
+    ps_egress: SharedLinkConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ def _allowed() -> dict[str, list[str]]:
             "protocol.schedule": list(FixedDelay.SCHEDULES),
             "cluster.compute": delays + ["or a list of one such table per learner"],
             "cluster.network.pull.latency": delays, "cluster.network.push.latency": delays,
-            "cluster.ps_service": delays, "measure.edge_momenta": list(config.MOMENTUM_KINDS)}
+            "cluster.ps_service": delays, "measure.edge_momenta": list(config.MOMENTUM_KINDS),
+            "cluster.network.ps_ingress.sharing": list(config.SHARINGS),
+            "cluster.network.ps_egress.sharing": list(config.SHARINGS)}
 
 
 def _comments(cls: type) -> dict[str, str]:
@@ -91,6 +93,12 @@ def _rows(cls: type, prefix: str, allowed: dict[str, list[str]]):
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
             yield from _rows(hint, f"{key}.", allowed)
+            continue
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
+            # An optional table (the PS's shared interface): its keys, and what absent means.
+            yield key, "table or none", "none", notes.get(f.name, "")
+            yield from _rows(inner[0], f"{key}.", allowed)
             continue
         if cls in config._OPEN_TABLES and f.name == config._OPEN_TABLES[cls]:
             yield (f"{prefix}*", "any", "", "the options of the named factory, checked "

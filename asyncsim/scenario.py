@@ -35,6 +35,7 @@ from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
 from asyncsim.config import (
     NOMINAL_NEEDS,
+    SHARINGS,
     SWEEP_PATHS,
     DataConfig,
     ModelConfig,
@@ -343,6 +344,15 @@ def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
                                 f"second (inf = free), got {link.bandwidth!r}")
         if link.bytes is not None and link.bytes < 0:
             raise ScenarioError(f"{key}.bytes", f"must be >= 0, got {link.bytes}")
+    for direction in ("ps_ingress", "ps_egress"):
+        shared = getattr(c.network, direction)
+        if shared is None:
+            continue
+        key = f"cluster.network.{direction}"
+        if not shared.bandwidth > 0:
+            raise ScenarioError(f"{key}.bandwidth", f"must be a positive number of bytes per "
+                                f"second (inf = free), got {shared.bandwidth!r}")
+        _checks.choice(f"{key}.sharing", shared.sharing, SHARINGS)
     if c.ps_service is not None:
         make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
 

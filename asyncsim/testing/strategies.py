@@ -195,6 +195,12 @@ def _cluster_dict(
     if draw(st.booleans()):
         d["speed"] = draw(st.lists(_fraction(0.25, 4.0), min_size=lam, max_size=lam))
     d["network"] = {"pull": draw(_link()), "push": draw(_link())}
+    for shared, link in (("ps_ingress", "push"), ("ps_egress", "pull")):
+        if draw(st.booleans()):
+            # The PS's shared interface (timing/links.py), with an explicit message size.
+            d["network"][shared] = {"bandwidth": draw(_fraction(1e6, 1e9)),
+                                    "sharing": draw(st.sampled_from(["fair", "fifo"]))}
+            d["network"][link].setdefault("bytes", draw(st.integers(1, 1_000_000)))
     if draw(st.booleans()):
         d["ps_service"] = draw(delay_specs(dists=dists, max_mean=0.1))
     return d

@@ -33,6 +33,7 @@ import simpy
 from asyncsim.config import Scenario
 from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
+from asyncsim.timing.links import SharedLink
 from asyncsim.timing.protocols import Protocol, get_protocol_class, timing_revision
 from asyncsim.trace import GRAD_COLUMNS, UPDATE_COLUMNS, Trace
 
@@ -118,6 +119,11 @@ class Simulation:
                      for i in range(c.learners)]
         self.push = [self._link(c.network.push, "push", STREAM_PUSH, i, msg_bytes, base_dir)
                      for i in range(c.learners)]
+        # The PS's shared interface (timing/links.py), None when it costs nothing.
+        self.egress, self.pull_bytes = self._shared(c.network.ps_egress, c.network.pull,
+                                                    msg_bytes)
+        self.ingress, self.push_bytes = self._shared(c.network.ps_ingress, c.network.push,
+                                                     msg_bytes)
         if c.ps_service is not None:
             self.service = delays.DelayStream(
                 delays.make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir),
@@ -156,6 +162,12 @@ class Simulation:
                                         block=_BLOCK, key=key),
                      fixed)
 
+    def _shared(self, cfg, link, msg_bytes) -> tuple[SharedLink | None, float]:
+        nbytes = link.bytes if link.bytes is not None else (msg_bytes or 0)
+        if cfg is None or math.isinf(cfg.bandwidth) or nbytes == 0:
+            return None, 0.0
+        return SharedLink(self.env, cfg.bandwidth, cfg.sharing), float(nbytes)
+
     # ------------------------------------------------------------------ hooks for protocols
     def compute_time(self, learner: int) -> float:
         return self.compute[learner].next(self.env.now)
@@ -187,6 +199,7 @@ class Simulation:
         push = self.push[learner]
         ps = self.ps
         track = self.track_reads
+        egress, ingress = self.egress, self.ingress
         batch = 0
         while True:
             if gate is not None:
@@ -201,12 +214,16 @@ class Simulation:
             t_pull = env.now
             if track:
                 self.read_refs[read] = self.read_refs.get(read, 0) + 1
+            if egress is not None:  # the weights leave through the PS's shared interface
+                yield egress.transfer(self.pull_bytes)
             if pull is not _Zero:
                 yield timeout(pull.next(t_pull))
             yield timeout(comp(env.now))
             t_push = env.now
             if push is not _Zero:
                 yield timeout(push.next(t_push))
+            if ingress is not None:  # the gradient enters through it
+                yield ingress.transfer(self.push_bytes)
             if ps is not None:
                 with ps.request() as req:
                     yield req

@@ -1,0 +1,118 @@
+"""The PS's shared network interface (cluster.network.ps_ingress / ps_egress,
+asyncsim.timing.links): hand-worked transfers, saturation at bandwidth / bytes, and
+determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+
+from asyncsim.drivers.trace_only import simulate
+from asyncsim.errors import ScenarioError
+from asyncsim.scenario import load_scenario
+from asyncsim.timing.links import SharedLink
+
+
+def finish_times(sharing: str, starts: list[tuple[float, float]], bandwidth: float = 1.0):
+    """When each transfer (start time, bytes) ends, and the order the events fired."""
+    env = simpy.Environment()
+    link = SharedLink(env, bandwidth, sharing)
+    ends: dict[int, float] = {}
+    order: list[int] = []
+
+    def one(i, t0, nbytes):
+        yield env.timeout(t0)
+        yield link.transfer(nbytes)
+        ends[i] = env.now
+        order.append(i)
+
+    for i, (t0, nbytes) in enumerate(starts):
+        env.process(one(i, t0, nbytes))
+    env.run()
+    return [ends[i] for i in range(len(starts))], order
+
+
+def test_two_transfers_sharing_the_link_by_hand():
+    # One byte each at one byte per second, the second starting at 0.5. Fair: the first is
+    # alone for 0.5 s (0.5 B left), then both move at 0.5 B/s: it ends at 1.5; the second
+    # has 0.5 B left then and ends alone at 2.0. FIFO: 1.0, then 1.0 + 1.0 = 2.0.
+    assert finish_times("fair", [(0.0, 1.0), (0.5, 1.0)])[0] == pytest.approx([1.5, 2.0])
+    assert finish_times("fifo", [(0.0, 1.0), (0.5, 1.0)])[0] == pytest.approx([1.0, 2.0])
+    # Three at once, sizes 1, 2, 3 (fair): all at 1/3 B/s until the first ends at 3.0; then
+    # 1 B left of the second at 1/2 B/s: 5.0; then 1 B of the third alone: 6.0.
+    assert finish_times("fair", [(0, 1.0), (0, 2.0), (0, 3.0)])[0] == pytest.approx(
+        [3.0, 5.0, 6.0])
+
+
+def test_transfers_that_end_together_end_in_the_order_they_started():
+    ends, order = finish_times("fair", [(0.0, 2.0), (0.0, 2.0), (1.0, 1.0)])
+    # Fair, 2 B each from 0 and 1 B from 1.0: two at 1/2 B/s to t = 1 (1.5 B left each),
+    # then three at 1/3 B/s: the third's 1 B ends at 4.0 with the others (1.5 - 1 = 0.5 B
+    # left each), which then end together at 4.0 + 0.5 * 2 = 5.0, first-started first.
+    assert ends == pytest.approx([5.0, 5.0, 4.0])
+    assert order == [2, 0, 1]
+
+
+def scenario(sharing=None, *, kind="async", learners=30, nbytes=1000, bandwidth=10_000.0,
+             direction="ps_ingress", updates=3000, seed=0):
+    link = "push" if direction == "ps_ingress" else "pull"
+    net = {link: {"bytes": nbytes}}
+    if sharing is not None:
+        net[direction] = {"bandwidth": bandwidth, "sharing": sharing}
+    return load_scenario({"seed": seed, "cluster": {
+        "learners": learners, "compute": {"dist": "exponential", "mean": 1.0},
+        "network": net}, "protocol": {"kind": kind},
+        "run": {"updates": updates, "trace_only": True}})
+
+
+@pytest.mark.parametrize("sharing", ["fair", "fifo"])
+def test_updates_saturate_at_bandwidth_over_bytes(sharing):
+    # 30 learners each computing at rate 1 would push 30 per time unit; a PS ingress of
+    # 10,000 B/s for 1,000 B pushes lets 10 through.
+    t = simulate(scenario(sharing))
+    ts = t.updates["time"]
+    rate = (len(ts) - 1001) / (ts[-1] - ts[1000])
+    assert rate == pytest.approx(10.0, rel=0.01)
+    free = simulate(scenario(None)).updates["time"]
+    assert (len(free) - 1001) / (free[-1] - free[1000]) > 25.0
+
+
+def test_a_shared_egress_spreads_a_hardsync_round_of_pulls():
+    # Hardsync: after each update every learner pulls at once; fair sharing delivers all
+    # 4 pulls of 1,000 B over a 1,000 B/s egress together, 4 s later.
+    t = simulate(scenario("fair", kind="hardsync", learners=4, bandwidth=1000.0,
+                          direction="ps_egress", updates=20))
+    g = t.grads
+    first = g["t_push"][g["read_version"] == 0] - g["t_pull"][g["read_version"] == 0]
+    compute = simulate(scenario(None, kind="hardsync", learners=4, direction="ps_egress",
+                                updates=20)).grads
+    c0 = compute["t_push"][compute["read_version"] == 0] - compute["t_pull"][
+        compute["read_version"] == 0]
+    assert first - c0 == pytest.approx(np.full(4, 4.0))
+
+
+def test_the_shared_link_changes_no_draw_and_is_deterministic():
+    a, b = simulate(scenario("fair")), simulate(scenario("fair"))
+    assert a.hash() == b.hash()
+    free = simulate(scenario(None))
+    # The same compute draws (an ingress delays pushes, not computing): each learner's
+    # compute times, pull to push, are the private-link run's.
+    for k in range(3):
+        da = (a.grads["t_push"] - a.grads["t_pull"])[a.grads["learner"] == k]
+        df = (free.grads["t_push"] - free.grads["t_pull"])[free.grads["learner"] == k]
+        n = min(len(da), len(df))
+        np.testing.assert_allclose(np.sort(da[:n]), np.sort(df[:n]))
+        np.testing.assert_allclose(da[:50], df[:50])
+
+
+@pytest.mark.parametrize("table,key,fragment", [
+    ({"ps_ingress": {"bandwidth": 0.0}}, "cluster.network.ps_ingress.bandwidth", "positive"),
+    ({"ps_egress": {"bandwidth": 1e6, "sharing": "fiar"}}, "cluster.network.ps_egress.sharing",
+     "did you mean 'fair'"),
+    ({"ps_ingress": {"bandwith": 1e6}}, "cluster.network.ps_ingress.bandwith", "unknown key"),
+])
+def test_bad_shared_links_are_one_line_errors(table, key, fragment):
+    with pytest.raises(ScenarioError) as e:
+        load_scenario({"cluster": {"learners": 2, "network": table}})
+    assert key in str(e.value) and fragment in str(e.value) and "\n" not in str(e.value)
