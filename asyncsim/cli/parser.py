@@ -33,6 +33,8 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Why this is long: it is the CLI's whole surface, every verb with its flags in one
+    # place, so `asyncsim --help` and this file read alike.
     from asyncsim import __version__
 
     ap = _Parser(prog="asyncsim", description=_DESCRIPTION)
