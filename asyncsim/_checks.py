@@ -22,6 +22,15 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool)
 
 
+def is_finite(v: Any) -> bool:
+    """Whether ``v`` is a finite number; an integer beyond float range (TOML's integers are
+    unbounded) is not."""
+    try:
+        return math.isfinite(float(v))
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def positive(name: str, v: Any, *, finite: bool = False) -> float:
     """``v > 0`` (and finite with ``finite``), as a float."""
     what = "a positive finite number" if finite else "a positive number"

@@ -63,6 +63,7 @@ class NetworkConfig:
     # learner's link, then the ingress. Bytes per transfer: the direction's message size.
     # None: unlimited
     ps_ingress: SharedLinkConfig | None = None
+    # The PS's interface for pulls (see ps_ingress); None: unlimited
     ps_egress: SharedLinkConfig | None = None
 
 

@@ -353,6 +353,10 @@ def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
             raise ScenarioError(f"{key}.bandwidth", f"must be a positive number of bytes per "
                                 f"second (inf = free), got {shared.bandwidth!r}")
         _checks.choice(f"{key}.sharing", shared.sharing, SHARINGS)
+        if scn.protocol.kind == "fixed-delay" and scn.protocol.schedule != "race":
+            raise ScenarioError(key, f"fixed-delay's {scn.protocol.schedule!r} schedule steps "
+                                "its workers one at a time and models no network; remove "
+                                "the shared link or use schedule = \"race\"")
     if c.ps_service is not None:
         make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
 

@@ -80,9 +80,14 @@ def intervals(trace: Trace, *, restarts: pd.DataFrame | None = None,
                                "t0": prev["t_arrive"].to_numpy(),
                                "t1": nxt["t_pull"].to_numpy(), "staleness": -1,
                                "batch": -1}))
-    if restarts is not None and len(restarts):
-        parts.append(_down(restarts))
     out = pd.concat(parts, ignore_index=True)
+    if restarts is not None and len(restarts):
+        try:
+            down = _down(restarts)
+        except (KeyError, ValueError, TypeError) as e:
+            raise ScenarioError("restarts.csv", f"damaged ({e!r}); the trace alone draws "
+                                "without it: move it aside", file="asyncsim timeline") from None
+        out = pd.concat([_without(out, down), down], ignore_index=True)
     out = out[out["t1"] > out["t0"]]
     if learners is not None:
         out = out[(out["learner"] >= learners[0]) & (out["learner"] < learners[1])]
@@ -93,6 +98,20 @@ def intervals(trace: Trace, *, restarts: pd.DataFrame | None = None,
     return out.sort_values(["learner", "t0", "kind"], kind="stable").reset_index(drop=True)
 
 
+def _without(iv: pd.DataFrame, down: pd.DataFrame) -> pd.DataFrame:
+    """``iv`` with each learner's down intervals cut out of its wait and pull intervals (a
+    lost learner is down, not waiting; a restarted actor's first pull spans its restart)."""
+    out = []
+    for r in iv.itertuples(index=False):
+        pieces = [(r.t0, r.t1)]
+        if r.kind in ("wait", "pull"):
+            for d in down[down["learner"] == r.learner].itertuples(index=False):
+                pieces = [p for a, b in pieces for p in ((a, min(b, d.t0)), (max(a, d.t1), b))
+                          if p[1] > p[0]]
+        out.extend({**r._asdict(), "t0": a, "t1": b} for a, b in pieces)
+    return pd.DataFrame(out, columns=iv.columns)
+
+
 def _rows(g: pd.DataFrame, kind: str, t0, t1) -> pd.DataFrame:
     return pd.DataFrame({"learner": g["learner"].to_numpy(), "kind": kind,
                          "t0": np.asarray(t0, float), "t1": np.asarray(t1, float),
@@ -101,15 +120,21 @@ def _rows(g: pd.DataFrame, kind: str, t0, t1) -> pd.DataFrame:
 
 
 def _down(restarts: pd.DataFrame) -> pd.DataFrame:
-    """A real run's down intervals: a learner's ``lost`` event to its next ``rejoined``."""
+    """A real run's down intervals: a learner's ``lost`` event to its ``rejoined`` (hardsync,
+    which goes on without it) or, where the PS serves the restarted actor at once (async,
+    softsync, SSP: no rejoined event), to its ``restarted``."""
     rows = []
     for k, ev in restarts.sort_values("t", kind="stable").groupby("learner"):
         lost = None
-        for _, e in ev.iterrows():
-            if e["event"] == "lost" and lost is None:
-                lost = float(e["t"])
-            elif e["event"] == "rejoined" and lost is not None:
-                rows.append((int(k), lost, float(e["t"])))
+        events = list(ev[["event", "t"]].itertuples(index=False))
+        for i, (kind, t) in enumerate(events):
+            if kind == "lost" and lost is None:
+                lost = float(t)
+            elif lost is not None and kind in ("rejoined", "restarted"):
+                later = [e for e, _ in events[i + 1:]]
+                if kind == "restarted" and "rejoined" in later[:2]:
+                    continue  # hardsync: down until it rejoins
+                rows.append((int(k), lost, float(t)))
                 lost = None
     return pd.DataFrame([{"learner": k, "kind": "down", "t0": a, "t1": b, "staleness": -1,
                           "batch": -1} for k, a, b in rows],
@@ -121,13 +146,21 @@ def _caption(run_dir: Path, trace: Trace, learners, window) -> str:
     trace's size and the selection, and the command that redraws it."""
     scn = read_toml(run_dir / "scenario.toml") if (run_dir / "scenario.toml").exists() else {}
     proto = scn.get("protocol", {})
-    kind = proto.get("kind", "?") + (f" n = {proto['n']}" if "n" in proto else "")
+    kind = " ".join([proto.get("kind", "?"), *(f"{k} = {proto[k]}" for k in
+                                                ("n", "tau", "s", "schedule") if k in proto)])
+    cluster = scn.get("cluster", {})
+    seed = cluster.get("seed", scn.get("seed", 0))
     sel = "".join([f" --learners {_txt(learners)}" if learners else "",
                    f" --window {_txt(window)}" if window else ""])
-    return (f"Scenario {scn.get('name', '?')} (seed {scn.get('seed', 0)}): {kind}, "
-            f"{scn.get('cluster', {}).get('learners', '?')} learners; the trace's "
-            f"{trace.num_gradients} gradients and {trace.num_updates} updates. Redraw: "
-            f"asyncsim timeline RUN_DIR{sel}")
+    serial = (proto.get("kind") == "fixed-delay" and proto.get("schedule", "round-robin")
+              != "race")
+    note = (" A serial fixed-delay schedule steps one worker at a time: a bar spans a "
+            "worker's step from the version it read to its push, not its compute alone."
+            if serial else "")
+    return (f"Scenario {scn.get('name', '?')} (timing seed {seed}): {kind}, "
+            f"{cluster.get('learners', '?')} learners; the trace's {trace.num_gradients} "
+            f"gradients and {trace.num_updates} updates.{note} Redraw: asyncsim timeline "
+            f"{run_dir}{sel}")
 
 
 def _txt(r) -> str:
@@ -161,7 +194,8 @@ def draw_timeline(run_dir: str | Path, png: str | Path, *, learners: str | None 
     wr = parse_range(window, "--window", integer=False)
     iv = intervals(trace, restarts=restarts, learners=lr, window=wr)
     if iv.empty:
-        raise ScenarioError("--window" if wr else "--learners", "selects no interval of "
+        flags = " and ".join(f for f, v in (("--learners", lr), ("--window", wr)) if v)
+        raise ScenarioError(flags or "trace", "selects no interval of "
                             f"this run (its trace spans t = 0 .. "
                             f"{float(np.max(trace.grads['t_arrive'], initial=0)):.4g}, "
                             f"learners 0 .. {int(np.max(trace.grads['learner'], initial=0))})",

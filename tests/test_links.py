@@ -116,3 +116,91 @@ def test_bad_shared_links_are_one_line_errors(table, key, fragment):
     with pytest.raises(ScenarioError) as e:
         load_scenario({"cluster": {"learners": 2, "network": table}})
     assert key in str(e.value) and fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def exact_fair(starts: list[tuple[float, float]], bandwidth: float) -> list[float]:
+    """Processor sharing by brute force (an independent reference): step from event to
+    event with every transfer's remaining bytes."""
+    pending = sorted(range(len(starts)), key=lambda i: starts[i][0])
+    left: dict[int, float] = {}
+    ends = [0.0] * len(starts)
+    t = 0.0
+    while pending or left:
+        nxt_start = starts[pending[0]][0] if pending else float("inf")
+        nxt_end = (t + min(left.values()) * len(left) / bandwidth) if left else float("inf")
+        t_new = min(nxt_start, nxt_end)
+        if left:
+            for i in left:
+                left[i] -= (t_new - t) * bandwidth / len(left)
+        t = t_new
+        for i in [i for i, b in left.items() if b <= 1e-12 * starts[i][1]]:
+            ends[i] = t
+            del left[i]
+        while pending and starts[pending[0]][0] <= t:
+            i = pending.pop(0)
+            left[i] = starts[i][1]
+    return ends
+
+
+def test_fair_sharing_of_transfers_of_different_sizes_is_exact():
+    # A small transfer started with a big one ends first: 10 B and 1 B at 1 B/s share until
+    # the 1 B ends at 2.0 (0.5 B/s each), then the 10 B one has 9 B left alone: 11.0.
+    assert finish_times("fair", [(0.0, 10.0), (0.0, 1.0)])[0] == pytest.approx([11.0, 2.0])
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 8))
+        starts = [(float(rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 3)])),
+                   float(rng.choice([1.0, 2.0, rng.uniform(0.1, 4)]))) for _ in range(n)]
+        got = finish_times("fair", starts, bandwidth=2.0)[0]
+        np.testing.assert_allclose(got, exact_fair(starts, 2.0), rtol=1e-9, atol=1e-9)
+
+
+def test_fair_sharing_ends_at_large_simulated_times():
+    # At t ~ 1e4 the rounding of the time moves the virtual clock by more than a byte
+    # tolerance: the transfer that a wake-up was set for must end then, not wait forever.
+    env = simpy.Environment(initial_time=8000.0)
+    link = SharedLink(env, 1.25e9, "fair")
+    done = []
+
+    def learner(k):
+        rng = np.random.default_rng(k)
+        while True:
+            yield env.timeout(float(rng.exponential(1e-3)))
+            yield link.transfer(358_312.0)
+            done.append(env.now)
+
+    for k in range(30):
+        env.process(learner(k))
+    steps = 0
+    while env.peek() < 8000.5:
+        env.step()
+        steps += 1
+        assert steps < 2_000_000, "the shared link stopped advancing time"
+    assert len(done) > 1000 and done == sorted(done)
+
+
+def test_a_shared_link_sizes_its_messages_from_the_model_when_bytes_is_not_given():
+    # The links themselves free (no bytes, infinite bandwidth): the interface's transfers
+    # are still 4 x the model's parameters (here an MLP's), not free.
+    def hashed(net):
+        return simulate(load_scenario({"cluster": {"learners": 8, "network": net},
+                                       "run": {"updates": 50, "trace_only": True}}))
+    free = hashed({})
+    shared = hashed({"ps_ingress": {"bandwidth": 1e6}})
+    assert shared.hash() != free.hash()
+    assert shared.updates["time"][-1] > 2 * free.updates["time"][-1]
+
+
+def test_shared_links_are_refused_where_nothing_models_them():
+    with pytest.raises(ScenarioError) as e:
+        load_scenario({"cluster": {"learners": 4, "network": {"ps_ingress": {
+            "bandwidth": 1e6}}}, "protocol": {"kind": "fixed-delay", "tau": 3}})
+    assert "cluster.network.ps_ingress" in str(e.value) and "race" in str(e.value)
+    ray = pytest.importorskip("ray")
+    del ray
+    from asyncsim.drivers.real.run import check_supported
+
+    with pytest.raises(ScenarioError) as e:
+        check_supported(load_scenario({"cluster": {"learners": 2, "network": {
+            "ps_egress": {"bandwidth": 1e6}}}}))
+    assert "cluster.network.ps_egress" in str(e.value) and "real network" in str(e.value)

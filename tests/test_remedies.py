@@ -607,3 +607,21 @@ def test_a_rule_registered_again_takes_effect(fresh_registries):
     register_lr_rule("mine", lambda lr, tau, mean: 0.5 * lr * jnp.ones_like(tau),
                      replace=True)
     assert rate_at_delay("mine", 1.0, 3) == 0.5
+
+
+@pytest.mark.parametrize("optimizer", [
+    {"transform": {"name": "adam"}},
+    {"compensation": {"kind": "dc-asgd-a"}, "lr_rule": {"name": "polynomial", "a": 0.5}},
+], ids=["adam", "dc-asgd-a+polynomial"])
+def test_a_vmapped_lr_sweep_of_a_remedy_agrees_with_its_points(optimizer):
+    # The transform's state and the compensation's statistics vmap with the core state:
+    # one program for two rates, each lane within rounding of its own exact run.
+    from asyncsim.drivers.vmapped import replay_vmapped
+
+    scn = scenario({"lr": 0.01, **optimizer}, SOFTSYNC)
+    trace = run(scn, progress=False).trace
+    lanes = replay_vmapped(scn, trace, [{"lr": 0.01}, {"lr": 0.02}])
+    for res, lr in zip(lanes, (0.01, 0.02), strict=True):
+        alone = run(scenario({**optimizer, "lr": lr}, SOFTSYNC), progress=False)
+        assert_leaves_close(res.params, alone.params, rtol=1e-5, atol=2e-6)
+    assert max_abs_diff(lanes[0].params, lanes[1].params) > 1e-3  # the rates differ

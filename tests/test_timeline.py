@@ -95,3 +95,42 @@ def test_timeline_help(capsys):
     with pytest.raises(SystemExit) as e:
         main(["timeline", "--help"])
     assert e.value.code == 0 and "--window" in capsys.readouterr().out
+
+
+def test_down_time_is_cut_out_of_waits_and_pulls():
+    t = hand_trace()
+    grads = {**t.grads, "t_start": np.array([0.7, 0.25, 3.5])}
+    real = Trace.from_columns(grads, t.updates)
+    # Learner 0 lost at 2.6 (after its first arrival at 2.5), its actor restarted at 2.8
+    # and served at once (async: no "rejoined"): down 2.6-2.8, the wait 2.5-3.0 cut around
+    # it; shares still sum to one.
+    restarts = pd.DataFrame([{"event": "lost", "learner": 0, "t": 2.6},
+                             {"event": "restarted", "learner": 0, "t": 2.8}])
+    iv = intervals(real, restarts=restarts)
+    l0 = [(r.kind, r.t0, r.t1) for r in iv[iv["learner"] == 0].itertuples()]
+    assert ("down", 2.6, 2.8) in l0
+    assert ("wait", 2.5, 2.6) in l0 and ("wait", 2.8, 3.0) in l0
+    use = utilisation(iv)
+    assert np.allclose(use.drop(columns="learner").sum(axis=1), 1.0)
+
+
+def test_the_figure_never_replaces_a_file_of_the_run(tiny, tmp_path, capsys):
+    from asyncsim.runs import scenario_toml
+
+    path = tmp_path / "s.toml"
+    path.write_text(scenario_toml(tiny(run={"updates": 10})))
+    out = tmp_path / "run"
+    assert main(["trace", str(path), "--out", str(out), "--quiet"]) == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    for figure in (out / "trace_meta.png", out / "sub" / "x.png", tmp_path / "x.csv"):
+        assert main(["timeline", str(out), "--figure", str(figure)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--figure" in err and len(err.splitlines()) == 1, err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert main(["timeline", str(out), "--figure", str(tmp_path / "elsewhere.png"),
+                 "--quiet"]) == 0
+    assert (tmp_path / "elsewhere.csv").exists()
+    (out / "restarts.csv").write_text("garbage,here\n1,2\n")
+    assert main(["timeline", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "restarts.csv" in err and len(err.splitlines()) == 1, err

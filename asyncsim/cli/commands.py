@@ -130,9 +130,21 @@ def cmd_timeline(args) -> int:
     folder = Path(args.run_dir)
     runs.require_run_folder(folder, scenario=False)
     png = Path(args.figure) if args.figure else folder / "timeline.png"
-    with runs.locked(folder) if png.parent.resolve() == folder.resolve() \
-            else contextlib.nullcontext():
-        png, use = draw_timeline(folder, png, learners=args.learners, window=args.window)
+    if png.suffix != ".png":
+        raise ScenarioError("--figure", f"must name a .png file (its intervals go beside it "
+                            f"as .csv), got {str(png)!r}", file="asyncsim timeline")
+    inside = folder.resolve() in png.resolve().parents
+    if inside and png.resolve() != (folder / "timeline.png").resolve():
+        # Its .csv could replace a file of the run (eval.csv, restarts.csv, index.csv).
+        raise ScenarioError("--figure", f"inside the run folder only {folder / 'timeline.png'}"
+                            " is written; draw elsewhere with another name",
+                            file="asyncsim timeline")
+    try:
+        with runs.locked(folder) if inside else contextlib.nullcontext():
+            png, use = draw_timeline(folder, png, learners=args.learners, window=args.window)
+    except OSError as e:
+        raise ScenarioError("--figure", f"cannot write {png}: {e.strerror or e}",
+                            file="asyncsim timeline") from None
     if not args.quiet:
         print(f"timeline: {png}")
         print(use.to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -114,9 +114,15 @@ def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
 
 
 def message_bytes(scn: Scenario) -> int | None:
-    """4 bytes per model parameter, when a link has a finite bandwidth and no ``bytes``."""
+    """4 bytes per model parameter, when a message's size matters and is not given: a link,
+    or the PS's shared interface in its direction, has a finite bandwidth and ``bytes`` is
+    not set."""
     net = scn.cluster.network
-    if all(math.isinf(link.bandwidth) or link.bytes is not None for link in (net.pull, net.push)):
+    costs = [math.isfinite(link.bandwidth) or (shared is not None
+                                               and math.isfinite(shared.bandwidth))
+             for link, shared in ((net.pull, net.ps_egress), (net.push, net.ps_ingress))]
+    if not any(c and link.bytes is None for c, link in zip(costs, (net.pull, net.push),
+                                                           strict=True)):
         return None
     model = build_model(scn)  # a ScenarioError under `model` for an option it refuses
     return 4 * num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))

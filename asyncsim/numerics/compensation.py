@@ -46,13 +46,13 @@ flight).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from asyncsim._checks import is_finite
 from asyncsim.errors import ScenarioError, did_you_mean
 
 KEY = "optimizer.compensation"
@@ -99,18 +99,11 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
                                 f"allowed: kind, {', '.join(allowed)}"
                                 f"{did_you_mean(k, list(allowed))}")
         what, ok = allowed[k][1]
-        if (isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v)
+        if (isinstance(v, bool) or not isinstance(v, int | float) or not is_finite(v)
                 or not ok(float(v))):
             raise ScenarioError(f"{key}.{k}", f"must be a finite number {what}, got {v!r}")
         out[k] = float(v)
     return kind, out
-
-
-def _finite(v: float) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:  # an integer beyond float range (TOML's are unbounded)
-        return False
 
 
 def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:

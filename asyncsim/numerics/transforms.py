@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 
+from asyncsim._checks import is_finite
 from asyncsim._registry import call_checked, check_options
 from asyncsim.errors import ScenarioError, did_you_mean
 
@@ -86,7 +86,7 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
     fn = _aliases()[name]
     defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()}
     for k, v in options.items():
-        ok = isinstance(v, bool | str) or (isinstance(v, int | float) and _finite(v))
+        ok = isinstance(v, bool | str) or (isinstance(v, int | float) and is_finite(v))
         if not ok:
             raise ScenarioError(f"{key}.{k}", f"must be a finite number, true or false, or a "
                                 f"string, got {v!r}")
@@ -106,13 +106,6 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
     kwargs = check_options(fn, options, key=key, what="optax optimizer", name=name,
                            noun="option", exclude=("learning_rate",), also=("name",))
     return name, kwargs
-
-
-def _finite(v: float) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:  # an integer beyond float range (TOML's are unbounded)
-        return False
 
 
 def make_transform(spec: Mapping[str, Any], key: str = KEY):

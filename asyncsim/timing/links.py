@@ -37,7 +37,7 @@ class SharedLink:
     ends when ``V`` reaches ``V0 + b``, so the transfers form a heap by that target and an
     event costs O(log n), not O(n). One wake-up is pending at a time; a transfer that starts
     meanwhile slows the others, so the pending wake-up may come early and then just
-    schedules the next one."""
+    schedules the next one; a transfer that ends before the others supersedes it."""
 
     def __init__(self, env: simpy.Environment, bandwidth: float, sharing: str):
         if sharing not in ("fair", "fifo"):
@@ -51,6 +51,8 @@ class SharedLink:
         self._v = 0.0  # the virtual clock V, as of time self._t
         self._t = 0.0
         self._pending = False  # a wake-up is scheduled
+        self._early = False  # a transfer started since, so it comes early
+        self._gen = 0  # the current wake-up (a superseded one is ignored)
 
     def transfer(self, nbytes: float) -> simpy.Event:
         env = self.env
@@ -64,10 +66,15 @@ class SharedLink:
             return env.timeout(self._free_at - env.now)
         self._advance()
         ev = env.event()
-        heapq.heappush(self._heap, (self._v + float(nbytes), self._seq, float(nbytes), ev))
+        item = (self._v + float(nbytes), self._seq, float(nbytes), ev)
+        heapq.heappush(self._heap, item)
         self._seq += 1
-        if not self._pending:
+        if not self._pending or self._heap[0] is item:
+            # Nothing scheduled, or this one ends first (a smaller transfer): wake for it.
             self._schedule()
+        else:
+            # It slows the others: the pending wake-up now comes early (and reschedules).
+            self._early = True
         return ev
 
     @property
@@ -82,31 +89,34 @@ class SharedLink:
         self._t = now
 
     def _schedule(self) -> None:
+        self._gen += 1
+        self._early = False
         heap = self._heap
         if not heap:
             self._pending = False
             return
         self._pending = True
         left = heap[0][0] - self._v
+        gen = self._gen
         wake = self.env.timeout((left if left > 0.0 else 0.0) * len(heap) / self.bandwidth)
-        wake.callbacks.append(self._wake)
+        wake.callbacks.append(lambda _ev: self._wake(gen))
 
-    def _wake(self, _ev) -> None:
-        # _advance, inlined: this runs once or twice per transfer.
-        now, heap = self.env.now, self._heap
-        if now > self._t:
-            self._v += (now - self._t) * self.bandwidth / len(heap)
-        self._t = now
+    def _wake(self, gen: int) -> None:
+        if gen != self._gen:
+            return  # superseded: a transfer that ends sooner started since
+        self._advance()
+        heap = self._heap
+        if not self._early:
+            # Nothing started since this wake-up was set for the first transfer to end: it
+            # ends now, whatever the last bits of the clocks say (at large times, rounding of
+            # the time moves V by more than any byte tolerance; waiting for it never ends).
+            self._v = max(self._v, heap[0][0])
         v = self._v
-        top = heap[0]
-        if top[0] - v <= _TOL * top[2]:
-            first = heapq.heappop(heap)
-            if heap and heap[0][0] - v <= _TOL * heap[0][2]:
-                done = [first]
-                while heap and heap[0][0] - v <= _TOL * heap[0][2]:
-                    done.append(heapq.heappop(heap))
-                for d in sorted(done, key=lambda d: d[1]):  # in the order they started
-                    d[3].succeed()
-            else:
-                first[3].succeed()
+        done = []
+        while heap and heap[0][0] - v <= _TOL * heap[0][2]:
+            done.append(heapq.heappop(heap))
+        if len(done) > 1:
+            done.sort(key=lambda d: d[1])  # ending together: in the order they started
+        for d in done:
+            d[3].succeed()
         self._schedule()

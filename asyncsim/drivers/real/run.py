@@ -118,6 +118,11 @@ def shutdown_ray() -> None:
 def check_supported(scn: Scenario) -> None:
     """Raise ScenarioError for a protocol a real run cannot execute."""
 
+    net = scn.cluster.network
+    for direction in ("ps_ingress", "ps_egress"):
+        if getattr(net, direction) is not None:
+            raise ScenarioError(f"cluster.network.{direction}", "a real run's transfers cross "
+                                "the real network: remove the simulated shared link")
     cls = get_protocol_class(scn.protocol.kind)
     if scn.protocol.kind == "fixed-delay" or cls.start is not Protocol.start:
         raise ScenarioError("protocol.kind", f"{scn.protocol.kind!r} schedules workers itself "
