@@ -115,14 +115,11 @@ def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
 
 def message_bytes(scn: Scenario) -> int | None:
     """4 bytes per model parameter, when a message's size matters and is not given: a link,
-    or the PS's shared interface in its direction, has a finite bandwidth and ``bytes`` is
-    not set."""
+    or the PS's shared interface in its direction, has a finite bandwidth and no ``bytes``."""
     net = scn.cluster.network
-    costs = [math.isfinite(link.bandwidth) or (shared is not None
-                                               and math.isfinite(shared.bandwidth))
-             for link, shared in ((net.pull, net.ps_egress), (net.push, net.ps_ingress))]
-    if not any(c and link.bytes is None for c, link in zip(costs, (net.pull, net.push),
-                                                           strict=True)):
+    if not any(link.bytes is None and (math.isfinite(link.bandwidth) or (
+            shared is not None and math.isfinite(shared.bandwidth)))
+               for link, shared in ((net.pull, net.ps_egress), (net.push, net.ps_ingress))):
         return None
     model = build_model(scn)  # a ScenarioError under `model` for an option it refuses
     return 4 * num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
@@ -197,12 +194,9 @@ def _flat(tree) -> list[np.ndarray]:
 
 def save_checkpoint(folder: Path, version: int, state: CoreState, versions: dict[int, Any],
                     rec: Recorder, extra: dict[str, Any]) -> None:
-    arrays: dict[str, np.ndarray] = {}
-    for i, a in enumerate(_flat(state)):
-        arrays[f"state_{i}"] = a
-    for v, params in versions.items():
-        for i, a in enumerate(_flat(params)):
-            arrays[f"v{v}_{i}"] = a
+    arrays: dict[str, np.ndarray] = {f"state_{i}": a for i, a in enumerate(_flat(state))}
+    arrays.update({f"v{v}_{i}": a for v, params in versions.items()
+                   for i, a in enumerate(_flat(params))})
     meta = {"version": version, "versions": sorted(versions),
             "evals": [e.__dict__ for e in rec.evals], "extra": extra,
             "losses_len": [int(x.size) for x in rec.losses]}
