@@ -44,9 +44,9 @@ def closed_form_applies(optimizer) -> tuple[bool, str]:
     * ``dc-asgd`` and ``dc-asgd-a``: the plain edge is their *linear* stability edge at the
       minimum -- the correction ``λ g⊙g⊙Δθ`` (``λ0 g⊙g⊙Δθ / √ms``) is cubic (quadratic) in
       the distance from it, so it leaves the linearised dynamics; a run from a finite
-      distance feels it (measured at τ = 4 from w = 1: dc-asgd, λ = 0.04, 0.3474 on the
-      quadratic λ_h = 0.01 but 0.355 on λ_h = 1; dc-asgd-a 0.3555 and 0.3568; plain
-      0.3473);
+      distance feels it (measured at τ = 4, 6,000 updates from w = 1: dc-asgd, λ = 0.04,
+      0.3474 on the quadratic λ_h = 0.01 but 0.3538 on λ_h = 1; dc-asgd-a 0.3565 and
+      0.3555; plain 0.3473);
     * ``gap-aware``: no -- dividing by ``1 + |Δθ|/C`` with ``C`` the rms step is homogeneous of
       degree 1, not linear: the ratio does not vanish near the minimum;
     * an optax ``transform``: no (adaptive preconditioners are not linear), except
