@@ -339,9 +339,7 @@ def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
         link = getattr(c.network, direction)
         key = f"cluster.network.{direction}"
         make_delay(link.latency, key=f"{key}.latency", base_dir=base_dir)
-        if not link.bandwidth > 0:
-            raise ScenarioError(f"{key}.bandwidth", f"must be a positive number of bytes per "
-                                f"second (inf = free), got {link.bandwidth!r}")
+        _bandwidth(f"{key}.bandwidth", link.bandwidth)
         if link.bytes is not None and link.bytes < 0:
             raise ScenarioError(f"{key}.bytes", f"must be >= 0, got {link.bytes}")
     for direction in ("ps_ingress", "ps_egress"):
@@ -349,9 +347,7 @@ def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
         if shared is None:
             continue
         key = f"cluster.network.{direction}"
-        if not shared.bandwidth > 0:
-            raise ScenarioError(f"{key}.bandwidth", f"must be a positive number of bytes per "
-                                f"second (inf = free), got {shared.bandwidth!r}")
+        _bandwidth(f"{key}.bandwidth", shared.bandwidth)
         _checks.choice(f"{key}.sharing", shared.sharing, SHARINGS)
         if scn.protocol.kind == "fixed-delay" and scn.protocol.schedule != "race":
             raise ScenarioError(key, f"fixed-delay's {scn.protocol.schedule!r} schedule steps "
@@ -359,6 +355,13 @@ def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
                                 "the shared link or use schedule = \"race\"")
     if c.ps_service is not None:
         make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
+
+
+def _bandwidth(key: str, value: float) -> None:
+    """A link's bandwidth, private or the PS's shared interface."""
+    if not value > 0:
+        raise ScenarioError(key, f"must be a positive number of bytes per second (inf = "
+                            f"free), got {value!r}")
 
 
 def _check_optimizer(scn: Scenario) -> None:

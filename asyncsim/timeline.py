@@ -141,10 +141,10 @@ def _down(restarts: pd.DataFrame) -> pd.DataFrame:
                         columns=["learner", "kind", "t0", "t1", "staleness", "batch"])
 
 
-def _caption(run_dir: Path, trace: Trace, learners, window) -> str:
-    """What the chart shows, from the run folder: its scenario, protocol and cluster, the
-    trace's size and the selection, and the command that redraws it."""
-    scn = read_toml(run_dir / "scenario.toml") if (run_dir / "scenario.toml").exists() else {}
+def _caption(run_dir: Path, scn: dict, trace: Trace, learners, window) -> str:
+    """What the chart shows, from the run folder: its scenario (``scn``, its scenario.toml),
+    protocol and cluster, the trace's size and the selection, and the command that redraws
+    it."""
     proto = scn.get("protocol", {})
     kind = " ".join([proto.get("kind", "?"), *(f"{k} = {proto[k]}" for k in
                                                 ("n", "tau", "s", "schedule") if k in proto)])
@@ -188,6 +188,7 @@ def draw_timeline(run_dir: str | Path, png: str | Path, *, learners: str | None 
 
     run_dir = Path(run_dir)
     trace = Trace.load(run_dir)
+    scn = read_toml(run_dir / "scenario.toml") if (run_dir / "scenario.toml").exists() else {}
     restarts = (read_csv(run_dir / "restarts.csv") if (run_dir / "restarts.csv").exists()
                 else None)
     lr = parse_range(learners, "--learners", integer=True)
@@ -237,11 +238,9 @@ def draw_timeline(run_dir: str | Path, png: str | Path, *, learners: str | None 
     fig.colorbar(sm, ax=ax, pad=0.01, label="staleness τ of the gradient")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.08, 1.0))
     what = "real" if "t_start" in trace.grads else "simulated"
-    name = (read_toml(run_dir / "scenario.toml").get("name", run_dir.name)
-            if (run_dir / "scenario.toml").exists() else run_dir.name)
-    ax.set_title(f"{name}: {len(trace.grads['learner'])} gradients, "
+    ax.set_title(f"{scn.get('name', run_dir.name)}: {len(trace.grads['learner'])} gradients, "
                  f"{trace.num_updates} updates ({what} trace)", fontsize=9)
-    fig.text(0.01, -0.02, _caption(run_dir, trace, lr, wr), fontsize=7, ha="left", va="top",
+    fig.text(0.01, -0.02, _caption(run_dir, scn, trace, lr, wr), fontsize=7, ha="left", va="top",
              color="0.3")
     fig.tight_layout()
     png = Path(png)

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asyncsim import _checks
 from asyncsim._registry import (
     PluginRegistry,
     callable_value,
@@ -37,7 +38,6 @@ from asyncsim._registry import (
     signature_options,
 )
 from asyncsim.config import rule_label, rule_spec  # noqa: F401  (re-exported)
-from asyncsim.errors import ScenarioError
 
 LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -115,23 +115,17 @@ def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") 
     ScenarioErrors under ``key.<parameter>`` (the checks of a delay model's parameters).
     A rule without parameters set is the registered function itself."""
     name, params = rule_spec(spec, key)
-    name_key = key if isinstance(spec, str) else f"{key}.name"
-    kwargs = _checked(name, params, key, name_key)
-    for k, v in kwargs.items():
-        if k in _NONNEG.get(name, ()) and v < 0:
-            raise ScenarioError(f"{key}.{k}", f"must be >= 0, got {v!r}")
-    # Keyed on the function, not the name: a rule registered again (replace=True, or in a
-    # Ray worker) takes effect.
-    return _bound(_lr_rules.get(name, name_key), tuple(sorted(kwargs.items())))
-
-
-def _checked(name: str, params: Mapping[str, Any], key: str,
-             name_key: str) -> dict[str, Any]:
-    fn = _lr_rules.get(name, name_key)
+    fn = _lr_rules.get(name, key if isinstance(spec, str) else f"{key}.name")
     # The three inputs are the first three parameters, whatever a plug-in calls them.
     inputs = tuple(signature_options(fn)[0])[:len(RULE_INPUTS)]
-    return check_options(fn, params, key=key, what="learning-rate rule", name=name,
-                         exclude=inputs, also=("name",))
+    kwargs = check_options(fn, params, key=key, what="learning-rate rule", name=name,
+                           exclude=inputs, also=("name",))
+    for k in _NONNEG.get(name, ()):
+        if k in kwargs:
+            _checks.nonneg(f"{key}.{k}", kwargs[k])
+    # Keyed on the function, not the name: a rule registered again (replace=True, or in a
+    # Ray worker) takes effect.
+    return _bound(fn, tuple(sorted(kwargs.items())))
 
 
 # Built-in parameters that must be >= 0 (a negative hinge slope divides by zero at some tau,

@@ -84,7 +84,7 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
         raise ScenarioError(f"{key}.learning_rate", "is set by asyncsim: optimizer.lr x "
                             "optimizer.schedule; give optimizer.lr instead")
     fn = _aliases()[name]
-    defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()}
+    params = inspect.signature(fn).parameters
     for k, v in options.items():
         ok = isinstance(v, bool | str) or (isinstance(v, int | float) and is_finite(v))
         if not ok:
@@ -93,8 +93,8 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
         if k in _CALLABLE_ONLY:
             raise ScenarioError(f"{key}.{k}", "takes a function in optax, which a scenario "
                                 "file cannot give")
-        d = defaults.get(k)
-        ann = str(inspect.signature(fn).parameters[k].annotation) if k in defaults else ""
+        d = params[k].default if k in params else None
+        ann = str(params[k].annotation) if k in params else ""
         if d is None and "float" in ann and (isinstance(v, bool) or isinstance(v, str)):
             raise ScenarioError(f"{key}.{k}", f"must be a finite number, got {v!r}")
         # optax's annotations admit arrays; the default says what the option is.
