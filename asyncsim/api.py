@@ -12,6 +12,7 @@ scenario and refuses timing overrides.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
                             f"asyncsim run {run_dir / 'scenario.toml'} {sets}",
                             file="asyncsim replay")
     trace = Trace.load(run_dir)
-    trace = Trace(trace.grads, trace.updates, {**trace.meta, "source": str(run_dir)})
+    trace = dataclasses.replace(trace, meta={**trace.meta, "source": str(run_dir)})
     out = out or run_dir / "replay"
     if path == "auto":
         path = choose_path(scn, trace)

@@ -68,6 +68,15 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True)
+class AvailabilityConfig:
+    """A learner's up and down periods (delay-model specs, plug-ins included): it starts up
+    at t = 0 and alternates an up period and a down period, each drawn from its own stream."""
+
+    up: Dist | None = None  # how long the learner stays up (required)
+    down: Dist | None = None  # how long it then stays down (required)
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     learners: int = 4
     # One spec for all learners, or a list with one spec per learner.
@@ -77,6 +86,11 @@ class ClusterConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     # PS service time per message (serialised pushes and pulls, like P1's blocking MPI calls).
     ps_service: Dist | None = None
+    # Learners that come and go: {up = DIST, down = DIST} for every learner, or a list with one
+    # table per learner. A learner going down loses the gradient it is pulling, computing or
+    # pushing (recorded in the trace's down table, never applied); back up, it pulls afresh
+    # and recomputes that batch. None: always up
+    availability: AvailabilityConfig | tuple[AvailabilityConfig, ...] | None = None
     # Seed of the timing streams (compute times, links, PS service, schedules); None: the
     # scenario's `seed`. Fix it to vary the numerics' seed (data, init, batch order) over one
     # timeline: a sweep over `seed` then shares one trace (Scenario.timing_seed).
@@ -377,6 +391,19 @@ def _describe(tp: Any) -> str:
     )
 
 
+def _shape(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp) or origin in (Mapping, dict) or tp is Mapping:
+        return "table"
+    return "list" if origin is tuple else "value"
+
+
+def _shape_of(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "table"
+    return "list" if isinstance(value, list | tuple) else "value"
+
+
 def _convert(tp: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -390,10 +417,12 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             try:
                 return _convert(a, value, key)
             except ScenarioError as e:
-                errors.append(e)
-        # Report the most specific failure when only one alternative could apply.
-        if len(errors) == 1:
-            raise errors[0]
+                errors.append((a, e))
+        # Report the most specific failure when only one alternative could apply: the only
+        # one, or the only one of the value's shape (a table for a table, a list for a list).
+        shaped = [e for a, e in errors if _shape(a) == _shape_of(value)]
+        if len(errors) == 1 or len(shaped) == 1:
+            raise (errors[0][1] if len(errors) == 1 else shaped[0])
         raise ScenarioError(key, f"must be {_describe(tp)}, got {value!r}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):

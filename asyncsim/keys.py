@@ -44,7 +44,9 @@ def _allowed() -> dict[str, list[str]]:
             "protocol.schedule": list(FixedDelay.SCHEDULES),
             "cluster.compute": delays + ["or a list of one such table per learner"],
             "cluster.network.pull.latency": delays, "cluster.network.push.latency": delays,
-            "cluster.ps_service": delays, "measure.edge_momenta": list(config.MOMENTUM_KINDS),
+            "cluster.ps_service": delays, "cluster.availability.up": delays,
+            "cluster.availability.down": delays,
+            "measure.edge_momenta": list(config.MOMENTUM_KINDS),
             "cluster.network.ps_ingress.sharing": list(config.SHARINGS),
             "cluster.network.ps_egress.sharing": list(config.SHARINGS)}
 
@@ -95,9 +97,12 @@ def _rows(cls: type, prefix: str, allowed: dict[str, list[str]]):
             yield from _rows(hint, f"{key}.", allowed)
             continue
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
-            # An optional table (the PS's shared interface): its keys, and what absent means.
-            yield key, "table or none", "none", notes.get(f.name, "")
+        if inner and dataclasses.is_dataclass(inner[0]) and all(
+                a is inner[0] or typing.get_args(a)[:1] == (inner[0],) for a in inner):
+            # An optional table (the PS's shared interface), or a table or a list of them (a
+            # learner's availability): its keys, and what absent means.
+            yield (key, "table, list of tables or none" if len(inner) > 1 else
+                   "table or none", "none", notes.get(f.name, ""))
             yield from _rows(inner[0], f"{key}.", allowed)
             continue
         if cls in config._OPEN_TABLES and f.name == config._OPEN_TABLES[cls]:

@@ -355,6 +355,36 @@ def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
                                 "the shared link or use schedule = \"race\"")
     if c.ps_service is not None:
         make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
+    if c.availability is not None:
+        _check_availability(scn, base_dir)
+
+
+def _check_availability(scn: Scenario, base_dir: Path | None) -> None:
+    from asyncsim.timing.delays import make_delay  # see check
+
+    avail, lam = scn.cluster.availability, scn.cluster.learners
+    if isinstance(avail, tuple):
+        if len(avail) != lam:
+            raise ScenarioError("cluster.availability", f"a per-learner list needs {lam} "
+                                f"entries (cluster.learners), got {len(avail)}")
+        tables = [(f"cluster.availability[{i}]", a) for i, a in enumerate(avail)]
+    else:
+        tables = [("cluster.availability", avail)]
+    for key, a in tables:
+        for period in ("up", "down"):
+            spec = getattr(a, period)
+            if spec is None:
+                raise ScenarioError(f"{key}.{period}", "is required: a delay spec such as "
+                                    "{ dist = \"exponential\", mean = 100.0 }")
+            model = make_delay(spec, key=f"{key}.{period}", base_dir=base_dir)
+            if period == "up" and model.mean == 0:
+                raise ScenarioError(f"{key}.up", "must have a positive mean: a learner that "
+                                    "is never up for any time never delivers a gradient")
+    if scn.protocol.kind == "fixed-delay" and scn.protocol.schedule != "race":
+        raise ScenarioError("cluster.availability", f"fixed-delay's "
+                            f"{scn.protocol.schedule!r} schedule steps its workers one at a "
+                            "time and has no learners to take down; remove it or use "
+                            "schedule = \"race\"")
 
 
 def _bandwidth(key: str, value: float) -> None:

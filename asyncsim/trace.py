@@ -9,6 +9,10 @@ Given a trace and the scenario's seed, the numerics of a run are fully determine
 gradient's inputs are the parameters at ``read_version`` and the mini-batch
 ``(seed, learner, batch)`` (see :func:`asyncsim.data.batch_indices`).
 
+With ``cluster.availability`` a third table, ``down``, has one row per period a learner was
+down, with the gradient it lost then (pulled, never applied); its batch is recomputed when
+the learner is back, so ``grads`` still holds each learner's batches 0, 1, 2, ... in order.
+
 Staleness is P1's τ = i − j: ``apply_version`` (the PS timestamp i when the update that takes
 the gradient is applied; the update produces version i + 1) minus ``read_version`` (the
 timestamp j the learner read at *pull* time).
@@ -43,6 +47,7 @@ GRAD_COLUMNS: dict[str, type] = {
     "t_apply": np.float64,  # the update that took it was applied
 }
 FILES = ("trace_grads.parquet", "trace_updates.parquet", "trace_meta.json")  # Trace.save
+DOWN_FILE = "trace_down.parquet"  # written only when a learner went down
 
 UPDATE_COLUMNS: dict[str, type] = {
     "version": np.int64,  # the PS timestamp the update was applied at (it creates version+1)
@@ -51,14 +56,32 @@ UPDATE_COLUMNS: dict[str, type] = {
     "start": np.int64,  # first gradient row of this update
 }
 
+# One row per period a learner was down (cluster.availability), in the order they began.
+DOWN_COLUMNS: dict[str, type] = {
+    "learner": np.int32,
+    "t_down": np.float64,
+    "t_up": np.float64,  # inf: still down when the run ended
+    # The gradient it lost: the batch it had pulled and not yet delivered (-1: none, it was
+    # waiting to pull), the version that pull read (-1) and when (NaN).
+    "batch": np.int64,
+    "read_version": np.int64,
+    "t_pull": np.float64,
+}
+
+
+def _no_down() -> dict[str, np.ndarray]:
+    return {k: np.zeros(0, t) for k, t in DOWN_COLUMNS.items()}
+
 
 @dataclass(frozen=True)
 class Trace:
-    """Columnar timing record. ``grads`` and ``updates`` map column names to 1-D arrays."""
+    """Columnar timing record. ``grads``, ``updates`` and ``down`` map column names to 1-D
+    arrays (``down`` is empty unless learners went down: :data:`DOWN_COLUMNS`)."""
 
     grads: Mapping[str, np.ndarray]
     updates: Mapping[str, np.ndarray]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    down: Mapping[str, np.ndarray] = field(default_factory=_no_down)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -67,12 +90,15 @@ class Trace:
         grads: Mapping[str, Any],
         updates: Mapping[str, Any],
         meta: Mapping[str, Any] | None = None,
+        down: Mapping[str, Any] | None = None,
     ) -> Trace:
         g = {k: np.asarray(grads[k], dtype=t) for k, t in GRAD_COLUMNS.items()}
         u = {k: np.asarray(updates[k], dtype=t) for k, t in UPDATE_COLUMNS.items()}
         extra = {k: np.asarray(v) for k, v in grads.items() if k not in GRAD_COLUMNS}
         g.update(extra)
-        return cls(g, u, dict(meta or {}))
+        d = (_no_down() if down is None else
+             {k: np.asarray(down[k], dtype=t) for k, t in DOWN_COLUMNS.items()})
+        return cls(g, u, dict(meta or {}), d)
 
     # ------------------------------------------------------------------ views
     @property
@@ -82,6 +108,11 @@ class Trace:
     @property
     def num_updates(self) -> int:
         return int(self.updates["version"].shape[0])
+
+    @property
+    def num_down(self) -> int:
+        """Down periods of learners (0 without ``cluster.availability``)."""
+        return int(self.down["learner"].shape[0])
 
     @property
     def staleness(self) -> np.ndarray:
@@ -138,8 +169,16 @@ class Trace:
                     if updates else 0.0}
         if stop_reason is not None:
             meta["stop_reason"] = stop_reason
+        down = self.down
+        if updates < self.num_updates and self.num_down:
+            # As if the run had stopped then: later down periods never began, and one in
+            # progress had not ended.
+            end = meta["sim_time"]
+            keep = down["t_down"] <= end
+            down = {k: v[keep] for k, v in down.items()}
+            down["t_up"] = np.where(down["t_up"] > end, np.inf, down["t_up"])
         return Trace({k: v[:n] for k, v in self.grads.items()},
-                     {k: v[:updates] for k, v in self.updates.items()}, meta)
+                     {k: v[:updates] for k, v in self.updates.items()}, meta, down)
 
     # ------------------------------------------------------------------ statistics
     def staleness_stats(self, *, skip: int = 0) -> dict[str, float]:
@@ -168,14 +207,31 @@ class Trace:
     def summary(self) -> dict[str, Any]:
         """The trace's headline figures for ``summary.json``: gradients, updates, sim_time,
         staleness mean/max/p99/std and trace_hash."""
-        return {"gradients": self.num_gradients, "updates": self.num_updates,
-                "sim_time": float(self.meta.get("sim_time", 0.0)), **self.staleness_stats(),
-                "trace_hash": self.hash()}
+        out = {"gradients": self.num_gradients, "updates": self.num_updates,
+               "sim_time": float(self.meta.get("sim_time", 0.0)), **self.staleness_stats(),
+               "trace_hash": self.hash()}
+        if self.num_down:
+            out.update(self.down_stats())
+        return out
+
+    def down_stats(self) -> dict[str, Any]:
+        """``down_periods``, ``lost_gradients`` (pulled and never applied: a learner went down
+        first) and ``up_fraction`` (the share of learner-time up, over ``sim_time`` and the
+        meta's ``learners``) of a trace with learners that came and went."""
+        d = self.down
+        end = float(self.meta.get("sim_time", 0.0))
+        lam = int(self.meta.get("learners", 0))
+        down_time = float(np.sum(np.minimum(d["t_up"], end) - np.minimum(d["t_down"], end)))
+        return {"down_periods": self.num_down,
+                "lost_gradients": int(np.count_nonzero(d["batch"] >= 0)),
+                "up_fraction": 1.0 - down_time / (lam * end) if lam and end > 0 else 1.0}
 
     def hash(self) -> str:
         """SHA-256 over every column's bytes (in a fixed column order): the trace's identity."""
         h = hashlib.sha256()
-        for table in (self.grads, self.updates):
+        # The down table only when it has rows: a trace without availability keeps the hash
+        # it had before there was one.
+        for table in (self.grads, self.updates, *((self.down,) if self.num_down else ())):
             for k in sorted(table):
                 a = np.ascontiguousarray(table[k])
                 h.update(k.encode())
@@ -192,7 +248,10 @@ class Trace:
         """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        for name, table in (("trace_grads", self.grads), ("trace_updates", self.updates)):
+        tables = [("trace_grads", self.grads), ("trace_updates", self.updates)]
+        if self.num_down:
+            tables.append(("trace_down", self.down))
+        for name, table in tables:
             with atomic(folder / f"{name}.parquet") as tmp:
                 pd.DataFrame(dict(table)).to_parquet(tmp, index=False)
         write_text(folder / "trace_meta.json",
@@ -211,10 +270,17 @@ class Trace:
             if missing:
                 raise damaged(path, f"no column {', '.join(missing)}")
             tables.append({k: df[k].to_numpy() for k in df.columns})
+        down = None
+        if (folder / DOWN_FILE).exists():
+            df = read_parquet(folder / DOWN_FILE)
+            missing = [c for c in DOWN_COLUMNS if c not in df.columns]
+            if missing:
+                raise damaged(folder / DOWN_FILE, f"no column {', '.join(missing)}")
+            down = {k: df[k].to_numpy() for k in DOWN_COLUMNS}
         meta_path = folder / "trace_meta.json"
         meta = read_json(meta_path) if meta_path.exists() else {}
         try:
-            trace = cls.from_columns(*tables, meta)
+            trace = cls.from_columns(*tables, meta, down)
         except (TypeError, ValueError) as e:
             raise damaged(f"{folder} (its trace)", e) from None
         g, u = trace.grads, trace.updates
@@ -226,3 +292,55 @@ class Trace:
                           f"{trace.num_updates} updates of trace_updates.parquet")
         return trace
 
+
+# ----------------------------------------------------------------------------- away intervals
+AWAY_COLUMNS = ["learner", "kind", "t0", "t1", "staleness", "batch"]
+
+
+def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The intervals a run's learners were away, one row each (``learner``, ``kind``, ``t0``,
+    ``t1``, ``staleness`` = -1, ``batch``): ``down`` from a simulated trace's down table (cut
+    at the run's end) and from a real run's ``restarts.csv`` table (``restarts``: a lost
+    learner to its ``rejoined`` -- hardsync, which goes on without it -- or, where the PS
+    serves the restarted actor at once, its ``restarted``; one not back by the end, to the
+    run's end), and ``lost``, the work a
+    simulated learner lost by going down (its pull to the moment it went down). The one
+    reading of "down" that ``asyncsim timeline`` and ``asyncsim calibrate`` share; a damaged
+    ``restarts`` table raises KeyError, ValueError or TypeError."""
+    away = []
+    if trace.num_down:
+        d = {k: np.asarray(v) for k, v in trace.down.items()}
+        end = float(trace.meta.get("sim_time", np.max(d["t_down"])))
+        lost = d["batch"] >= 0
+        away.append(pd.DataFrame({"learner": d["learner"], "kind": "down", "t0": d["t_down"],
+                                  "t1": np.minimum(d["t_up"], end), "staleness": -1,
+                                  "batch": -1}))
+        away.append(pd.DataFrame({"learner": d["learner"][lost], "kind": "lost",
+                                  "t0": d["t_pull"][lost], "t1": d["t_down"][lost],
+                                  "staleness": -1, "batch": d["batch"][lost]}))
+    if restarts is not None and len(restarts):
+        rows = []
+        for k, ev in restarts.sort_values("t", kind="stable").groupby("learner"):
+            start = None
+            events = list(ev[["event", "t"]].itertuples(index=False))
+            for i, (kind, t) in enumerate(events):
+                if kind == "lost" and start is None:
+                    start = float(t)
+                elif start is not None and kind in ("rejoined", "restarted"):
+                    later = [e for e, _ in events[i + 1:]]
+                    if kind == "restarted" and "rejoined" in later[:2]:
+                        continue  # hardsync: down until it rejoins
+                    rows.append({"learner": int(k), "kind": "down", "t0": start,
+                                 "t1": float(t), "staleness": -1, "batch": -1})
+                    start = None
+            if start is not None:  # not back when the run ended
+                rows.append({"learner": int(k), "kind": "down", "t0": start,
+                             "t1": max(float(trace.meta.get("sim_time", start)), start),
+                             "staleness": -1, "batch": -1})
+        away.append(pd.DataFrame(rows, columns=AWAY_COLUMNS))
+    away = [a for a in away if len(a)]
+    if not away:
+        return pd.DataFrame({"learner": np.zeros(0, int), "kind": np.zeros(0, object),
+                             "t0": np.zeros(0), "t1": np.zeros(0),
+                             "staleness": np.zeros(0, int), "batch": np.zeros(0, int)})
+    return pd.concat(away, ignore_index=True)[AWAY_COLUMNS]

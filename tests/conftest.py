@@ -62,6 +62,24 @@ def tiny() -> TinyScenarios:
     return TinyScenarios(TINY)
 
 
+@pytest.fixture(scope="module")
+def num_cache():
+    """A module's Numerics per (seed, model, data, optimizer, learners, protocol): built once,
+    its programs compiled once."""
+    from asyncsim.numerics.numerics import Numerics
+
+    cache = {}
+
+    def get(scn):
+        key = (scn.seed, repr(scn.model), repr(scn.data), repr(scn.optimizer),
+               scn.cluster.learners, scn.protocol)
+        if key not in cache:
+            cache[key] = Numerics(scn)
+        return cache[key]
+
+    return get
+
+
 @pytest.fixture
 def fresh_registries():
     """Every plug-in registry (delay models, protocols, lr rules, models, data sets) is put

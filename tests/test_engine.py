@@ -38,20 +38,6 @@ def tiny(tiny):
                                                               "cv": 0.5}}})
 
 
-@pytest.fixture(scope="module")
-def num_cache():
-    cache = {}
-
-    def get(scn):
-        key = (scn.seed, repr(scn.model), repr(scn.data), repr(scn.optimizer),
-               scn.cluster.learners, scn.protocol)
-        if key not in cache:
-            cache[key] = Numerics(scn)
-        return cache[key]
-
-    return get
-
-
 def test_one_learner_zero_delay_is_plain_sgd(num_cache, tiny):
     scn = tiny(cluster={"learners": 1, "compute": {"dist": "constant", "value": 1.0}})
     res = run(scn, numerics=num_cache(scn))

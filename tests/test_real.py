@@ -235,6 +235,21 @@ def test_killed_learner_hardsync_goes_on_with_live_learners(cluster, tmp_path, t
     assert replay_folder(out, out=tmp_path / "replay").summary["param_hash"] == s["param_hash"]
 
 
+def test_killed_learner_under_ssp_holds_nobody_back(cluster, tmp_path, tiny):
+    # SSP bounds clocks over the live learners (Protocol.on_lost): with s = 0 the others
+    # would wait for learner 1's clock while Ray restarts it; they go on, and it rejoins the
+    # bound once it is back. The run completes, passes the invariants and replays.
+    scn = tiny(protocol={"kind": "ssp", "s": 0}, run={"updates": 12, "eval_every": 0})
+    out = tmp_path / "kill-ssp"
+    s = real_run(scn, out=out, cluster=cluster, faults={"kill_learner": [1, 2]})
+    trace = Trace.load(out)
+    check_trace(trace, scn)
+    assert trace.num_updates == 12 == s["updates"] and s["lost_gradients"] == 1
+    r = pd.read_csv(out / "restarts.csv")
+    assert r["event"].tolist()[:2] == ["lost", "away"]
+    assert replay_folder(out, out=tmp_path / "replay").summary["param_hash"] == s["param_hash"]
+
+
 def test_killed_ps_resumes_from_checkpoint(cluster, tmp_path, tiny):
     scn = tiny(run={"updates": 24, "eval_every": 4, "checkpoint_every": 5})
     out = tmp_path / "crash"

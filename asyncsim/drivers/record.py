@@ -36,9 +36,26 @@ from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
 from asyncsim.timing.delays.base import spec_files
 
-# Where a scenario's cluster holds delay specs (cluster.compute may be one per learner).
+# Where a scenario's cluster holds delay specs (cluster.compute and cluster.availability may
+# be one per learner; a learner's availability holds two).
 _SPECS = (("compute",), ("network", "pull", "latency"), ("network", "push", "latency"),
-          ("ps_service",))
+          ("ps_service",), ("availability", "up"), ("availability", "down"))
+
+
+def _spec_sites(cluster: dict[str, Any]):
+    """``(dotted key, spec)`` of every delay spec in a cluster dict, per-learner lists
+    expanded."""
+    for where in _SPECS:
+        head = _get(cluster, where[:1])
+        if isinstance(head, list):  # one per learner: [i] after the list's own key
+            for i, item in enumerate(head):
+                spec = _get(item, where[1:]) if len(where) > 1 else item
+                if isinstance(spec, dict):
+                    yield f"cluster.{where[0]}[{i}]" + "".join(f".{k}" for k in where[1:]), spec
+        else:
+            spec = _get(cluster, where)
+            if isinstance(spec, dict):
+                yield "cluster." + ".".join(where), spec
 
 
 def folder_scenario(scn: Scenario, folder: Path | None = None
@@ -49,20 +66,16 @@ def folder_scenario(scn: Scenario, folder: Path | None = None
     base = scn.base_dir or Path.cwd()
     inputs: dict[str, dict[str, str]] = {}
     cluster = d.get("cluster", {})
-    for where in _SPECS:
-        spec = _get(cluster, where)
-        specs = list(enumerate(spec)) if isinstance(spec, list) else [(None, spec)]
-        for i, one in specs:
-            at = "cluster." + ".".join(where) + ("" if i is None else f"[{i}]")
-            for sub, value in spec_files(one):
-                key = f"{at}.{'.'.join(sub)}"
-                src = _resolve(value, base)
-                digest = _sha256(src, key)
-                name = f"{runs.INPUTS}/{digest[:12]}-{_original_name(src, digest)}"
-                if folder is not None:
-                    _copy(src, folder / name, digest)
-                _set(one, sub, name)
-                inputs[key] = {"file": name, "sha256": digest, "from": str(src)}
+    for at, one in _spec_sites(cluster):
+        for sub, value in spec_files(one):
+            key = f"{at}.{'.'.join(sub)}"
+            src = _resolve(value, base)
+            digest = _sha256(src, key)
+            name = f"{runs.INPUTS}/{digest[:12]}-{_original_name(src, digest)}"
+            if folder is not None:
+                _copy(src, folder / name, digest)
+            _set(one, sub, name)
+            inputs[key] = {"file": name, "sha256": digest, "from": str(src)}
     for section, lookup in (("data", dataset_factory), ("model", model_factory)):
         sec = d.get(section, {})
         try:

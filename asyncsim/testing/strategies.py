@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -203,7 +204,51 @@ def _cluster_dict(
             d["network"][link].setdefault("bytes", draw(st.integers(1, 1_000_000)))
     if draw(st.booleans()):
         d["ps_service"] = draw(delay_specs(dists=dists, max_mean=0.1))
+    if draw(st.booleans()):
+        d["availability"] = draw(_availability(d))
     return d
+
+
+def _period(mean: float) -> st.SearchStrategy[dict[str, Any]]:
+    if mean == 0.0:
+        return st.just({"dist": "constant", "value": 0.0})
+    return st.one_of(st.just({"dist": "exponential", "mean": mean}),
+                     st.just({"dist": "constant", "value": mean}),
+                     _fraction(0.1, 1.0).map(lambda cv: {"dist": "gamma", "mean": mean,
+                                                          "cv": cv}))
+
+
+@st.composite
+def _availability(draw: st.DrawFn, cluster: dict[str, Any]) -> Any:
+    """Up and down periods on the scale of the slowest learner's compute time (up: 1..10 of
+    them, so gradients get through; down: 0..3), for all learners or one table each."""
+    from asyncsim.timing.delays import make_delay
+
+    def mean(spec: dict[str, Any]) -> float:
+        m = make_delay(spec).mean
+        return 10.0 if m is None else m
+
+    specs = cluster["compute"] if isinstance(cluster["compute"], list) else [cluster["compute"]]
+    unit = max(mean(s) for s in specs) / min(cluster.get("speed") or [1.0])
+    # Plus a step's network and PS time, every learner queueing at the PS's interface.
+    lam, net = cluster["learners"], cluster["network"]
+    for direction, shared in (("pull", "ps_egress"), ("push", "ps_ingress")):
+        link = net[direction]
+        unit += mean(link["latency"]) + link.get("bytes", 0) / link.get("bandwidth", math.inf)
+        if shared in net:
+            unit += lam * link.get("bytes", 0) / net[shared]["bandwidth"]
+    if "ps_service" in cluster:
+        unit += 2 * lam * mean(cluster["ps_service"])
+    unit = max(unit, _MIN_MEAN)
+
+    def one(draw: st.DrawFn) -> dict[str, Any]:
+        up = draw(_period(unit * draw(_fraction(1.0, 10.0))))
+        down = draw(_period(unit * draw(st.one_of(st.just(0.0), _fraction(0.01, 3.0)))))
+        return {"up": up, "down": down}
+
+    if draw(st.booleans()):
+        return one(draw)
+    return [one(draw) for _ in range(cluster["learners"])]
 
 
 def _check_learners(min_learners: int, max_learners: int) -> None:
@@ -219,7 +264,9 @@ def clusters(
     """:class:`~asyncsim.config.ClusterConfig` values with ``min_learners..max_learners``
     learners: one compute spec for all or one per learner (from :func:`delay_specs` with
     ``dists``), optional speed factors in [0.25, 4], pull/push latencies (often exactly zero,
-    sometimes with a finite bandwidth) and an optional PS service time."""
+    sometimes with a finite bandwidth), optional shared PS links, an optional PS service
+    time and optional availability (up periods of 1..10 times the slowest learner's mean
+    compute time, down periods of 0..3 times it; exponential, constant or gamma)."""
     _check_learners(min_learners, max_learners)
     _check_names("dists", dists, DELAY_DISTS)
     return _cluster_dict(min_learners, max_learners, dists).map(
@@ -284,6 +331,18 @@ def _scenario_dict(
     cluster = draw(_cluster_dict(min_learners, max_learners, dists))
     lam = cluster["learners"]
     protocol = draw(_protocol_dict(lam, (kind,)))
+    if kind == "fixed-delay" and protocol["schedule"] == "race" and "availability" in cluster:
+        # Its workers step with normal times of mean 1 whatever cluster.compute says: size
+        # the up periods to those.
+        steps = {"dist": "normal", "mean": 1.0, "std": protocol.get("cv", 0.1)}
+        cluster["availability"] = draw(_availability({**cluster, "compute": steps,
+                                                      "speed": None}))
+    if kind == "fixed-delay" and protocol["schedule"] != "race":
+        # Its serial schedules step one worker at a time: no network to share, no learner
+        # to take down (scenario.check refuses both).
+        cluster.pop("availability", None)
+        cluster["network"].pop("ps_ingress", None)
+        cluster["network"].pop("ps_egress", None)
     # Gradients per update: hardsync takes all learners, n-softsync floor(lam / n) (P1).
     per_update = {"hardsync": lam, "softsync": lam // protocol.get("n", lam)}.get(kind, 1)
     updates = draw(st.integers(1, max(1, min(max_updates, _MAX_GRADIENTS // per_update))))

@@ -35,14 +35,18 @@ from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
 from asyncsim.timing.links import SharedLink
 from asyncsim.timing.protocols import Protocol, get_protocol_class, timing_revision
-from asyncsim.trace import GRAD_COLUMNS, UPDATE_COLUMNS, Trace
+from asyncsim.trace import DOWN_COLUMNS, GRAD_COLUMNS, UPDATE_COLUMNS, Trace
 
 # Stream ids of SeedSequence spawn keys (never reorder: that would change every trace).
-STREAM_COMPUTE, STREAM_PULL, STREAM_PUSH, STREAM_SERVICE, STREAM_SCHEDULE = range(5)
+(STREAM_COMPUTE, STREAM_PULL, STREAM_PUSH, STREAM_SERVICE, STREAM_SCHEDULE, STREAM_UP,
+ STREAM_DOWN) = range(7)
 _PS = 1 << 30  # the "learner" index of the PS's own streams
 # Draws per refill of a learner's stream. Fixed (never derived from the cluster size), so
 # adding learners cannot change another learner's draws.
 _BLOCK = 512
+# A run whose learners go down this many times in a row without an update taking a gradient
+# is stopped with an error: its up periods are too short for anything to get through.
+_MAX_IDLE_DOWNS = 100_000
 
 OnUpdate = Callable[[int, Sequence[tuple]], bool | None]
 
@@ -150,6 +154,15 @@ class Simulation:
         self._max_updates: int | None = None
         self._max_gradients: int | None = None
         self._progress = None
+        # cluster.availability: per learner its (up, down) streams, its process (to
+        # interrupt), the event "it is up again" while it is down, and its open down row.
+        self.avail = self._availability(c.availability, base_dir)
+        self._procs: list[Any] = [None] * c.learners
+        self._back: list[simpy.Event | None] = [None] * c.learners
+        self._open = [-1] * c.learners
+        self._idle_downs = 0  # down periods in a row with no gradient applied in between
+        self._applied_mark = -1
+        self._dcols: list[array] = [_column(t) for t in DOWN_COLUMNS.values()]
 
     def _link(self, cfg, direction, stream, learner, msg_bytes, base_dir):
         key = f"cluster.network.{direction}.latency"
@@ -161,6 +174,23 @@ class Simulation:
         return _Link(delays.DelayStream(model, stream_rng(self.seed, stream, learner), learner,
                                         block=_BLOCK, key=key),
                      fixed)
+
+    def _availability(self, cfg, base_dir) -> list[tuple[delays.DelayStream, ...]] | None:
+        if cfg is None:
+            return None
+        each = isinstance(cfg, tuple)
+        out = []
+        for i in range(self.learners):
+            a, key = (cfg[i], f"cluster.availability[{i}]") if each else (cfg,
+                                                                          "cluster.availability")
+            out.append(tuple(
+                delays.DelayStream(delays.make_delay(spec, key=f"{key}.{period}",
+                                                     base_dir=base_dir),
+                                   stream_rng(self.seed, stream, i), i, block=_BLOCK,
+                                   key=f"{key}.{period}")
+                for period, spec, stream in (("up", a.up, STREAM_UP),
+                                             ("down", a.down, STREAM_DOWN))))
+        return out
 
     def _shared(self, cfg, link, msg_bytes) -> tuple[SharedLink | None, float]:
         nbytes = link.bytes if link.bytes is not None else (msg_bytes or 0)
@@ -200,36 +230,98 @@ class Simulation:
         ps = self.ps
         track = self.track_reads
         egress, ingress = self.egress, self.ingress
+        self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
+        t_pull = math.nan
         while True:
-            if gate is not None:
-                ev = gate(self, learner, batch)
-                if ev is not None:
-                    yield ev
-            if ps is not None:
-                with ps.request() as req:
-                    yield req
-                    yield timeout(self.service.next(env.now))
-            read = self.version
-            t_pull = env.now
-            if track:
-                self.read_refs[read] = self.read_refs.get(read, 0) + 1
-            if egress is not None:  # the weights leave through the PS's shared interface
-                yield egress.transfer(self.pull_bytes)
-            if pull is not _Zero:
-                yield timeout(pull.next(t_pull))
-            yield timeout(comp(env.now))
-            t_push = env.now
-            if push is not _Zero:
-                yield timeout(push.next(t_push))
-            if ingress is not None:  # the gradient enters through it
-                yield ingress.transfer(self.push_bytes)
-            if ps is not None:
-                with ps.request() as req:
-                    yield req
-                    yield timeout(self.service.next(env.now))
+            read = -1  # not pulled yet
+            try:
+                if gate is not None:
+                    ev = gate(self, learner, batch)
+                    if ev is not None:
+                        yield ev
+                if ps is not None:
+                    with ps.request() as req:
+                        yield req
+                        yield timeout(self.service.next(env.now))
+                read = self.version
+                t_pull = env.now
+                if track:
+                    self.read_refs[read] = self.read_refs.get(read, 0) + 1
+                if egress is not None:  # the weights leave through the PS's shared interface
+                    yield egress.transfer(self.pull_bytes)
+                if pull is not _Zero:
+                    yield timeout(pull.next(t_pull))
+                yield timeout(comp(env.now))
+                t_push = env.now
+                if push is not _Zero:
+                    yield timeout(push.next(t_push))
+                if ingress is not None:  # the gradient enters through it
+                    yield ingress.transfer(self.push_bytes)
+                if ps is not None:
+                    with ps.request() as req:
+                        yield req
+                        yield timeout(self.service.next(env.now))
+            except simpy.Interrupt:
+                # Down (cluster.availability): the gradient under way is lost; back up, the
+                # learner pulls afresh and computes the same batch again.
+                yield from self._down(learner, batch, read, t_pull)
+                continue
             arrive(self, (learner, batch, read, t_pull, t_push, env.now))
             batch += 1
+
+    def _down(self, learner: int, batch: int, read: int, t_pull: float):
+        """Learner ``learner`` went down with ``batch`` pulled at version ``read`` (-1: none
+        pulled): record the loss, let the protocol go on without it, wait until it is up."""
+        lost = read >= 0
+        self._open[learner] = len(self._dcols[0])
+        if self.n_applied == self._applied_mark:
+            self._idle_downs += 1
+            if self._idle_downs > _MAX_IDLE_DOWNS:
+                raise ScenarioError("cluster.availability", f"{_MAX_IDLE_DOWNS} down periods "
+                                    f"in a row with no gradient applied (t = {self.env.now:.6g})"
+                                    ": the up periods are too short for a step's compute and "
+                                    "network time")
+        else:
+            self._applied_mark, self._idle_downs = self.n_applied, 0
+        for col, value in zip(self._dcols, (learner, self.env.now, math.inf,
+                                            batch if lost else -1, read,
+                                            t_pull if lost else math.nan), strict=True):
+            col.append(value)
+        if lost and self.track_reads:
+            left = self.read_refs[read] - 1
+            if left:
+                self.read_refs[read] = left
+            else:
+                del self.read_refs[read]
+        away = self.proto.on_lost(self, learner)
+        back = self._back[learner] = self.env.event()
+        yield back
+        if away:
+            self.proto.on_back(self, learner)
+
+    def _availability_loop(self, learner: int):
+        """The SimPy process of one learner's availability: up, down, up, ... from t = 0."""
+        env = self.env
+        up, down = self.avail[learner]
+        while True:
+            yield env.timeout(up.next(env.now))
+            proc = self._procs[learner]
+            if proc is None:
+                raise ScenarioError("cluster.availability", f"protocol "
+                                    f"{self.scenario.protocol.kind!r} runs no learner loops "
+                                    "(Simulation.learner_loop) to take down")
+            # The learner's process records the period (it knows what it loses); an
+            # interruption is urgent, so that happens before this process goes on.
+            proc.interrupt("down")
+            yield env.timeout(down.next(env.now))
+            self._dcols[2][self._open[learner]] = env.now
+            back, self._back[learner] = self._back[learner], None
+            back.succeed()
+            # Go on after the learner (it waits on this event first), so that, as from t = 0,
+            # its next step is scheduled before this up period's end: at a tie, the step
+            # happens first.
+            yield back
 
     # ------------------------------------------------------------------ the PS update
     def apply_update(self, grads: Iterable[tuple]) -> None:
@@ -305,6 +397,9 @@ class Simulation:
             self._progress = tqdm(total=max_updates, unit="upd", mininterval=0.5,
                                   leave=False, disable=None)
         self.proto.start(self)
+        if self.avail is not None:
+            for learner in range(self.learners):
+                self.env.process(self._availability_loop(learner))
         until: Any = self._stop
         if max_time is not None:
             timer = self.env.timeout(max_time)
@@ -325,7 +420,8 @@ class Simulation:
             meta["timing_revision"] = revision
         g = {k: _to_numpy(c) for k, c in zip(GRAD_COLUMNS, self._gcols, strict=True)}
         u = {k: _to_numpy(c) for k, c in zip(UPDATE_COLUMNS, self._ucols, strict=True)}
-        return Trace.from_columns(g, u, meta)
+        d = {k: _to_numpy(c) for k, c in zip(DOWN_COLUMNS, self._dcols, strict=True)}
+        return Trace.from_columns(g, u, meta, d)
 
 
 class _Const:

@@ -15,6 +15,10 @@ end; transfers left with at most 1e-9 of their size at the same instant end toge
 the order they started (so their SimPy events fire, and their learners go on, in that
 order). Nothing here draws a random number: adding a shared link changes no compute or link
 draw.
+
+A transfer cannot be withdrawn: when its learner goes down (``cluster.availability``), a
+message queued at or crossing the interface still takes its share until it would have ended
+-- the interface learns of the loss only then.
 """
 
 from __future__ import annotations

@@ -25,6 +25,16 @@ it runs unchanged in trace-only, online and real (Ray) runs. Built-ins (P1, P2, 
     more than ``s`` waits before pulling. The bound is on clocks, as SSP defines it; the PS
     staleness of a gradient is not bounded by s (it still grows with λ).
 
+Learners that come and go (``cluster.availability``, and a real run's lost learners) reach
+a protocol through :meth:`Protocol.on_lost` / :meth:`Protocol.on_back`: ``hardsync`` rounds
+complete with the learners that are up (a learner that went down after delivering its
+gradient counts in that round, not the next ones, until it is back); ``ssp`` bounds clocks
+over the live learners, and one that is back rejoins the bound with its own clock (its
+gradients count, so the others wait for it to catch up to within s, as for any slow
+learner); ``softsync`` keeps c: with fewer than c learners up, the live ones fill each update
+(one may contribute several gradients), and with none up no update happens; ``async`` and
+``fixed-delay`` (``race``) just see fewer arrivals.
+
 Plug-ins: subclass :class:`Protocol`, decorate with :func:`register_protocol` or expose it
 through the entry-point group ``asyncsim.protocols``.
 """
@@ -132,17 +142,19 @@ class Protocol:
         raise NotImplementedError
 
     def on_lost(self, sim: Simulation, learner: int) -> bool:
-        """Real runs only: ``learner`` died and its in-flight gradient is lost.
+        """``learner`` is gone: a real run's actor died, or a simulated learner went down
+        (``cluster.availability``). The gradient it had pulled, if any, is lost; it may
+        also be waiting to pull (its last gradient already delivered).
 
-        Return True if the protocol goes on without that learner until :meth:`on_back` (the
-        PS then calls ``on_back`` once the restarted actor answers, and lets it pull through
-        :meth:`may_pull` again), False (default) if it still expects the gradient (the PS
-        re-sends the same batch to the restarting actor at once).
+        Return True if the protocol goes on without that learner until :meth:`on_back`
+        (called once the restarted actor answers, or the learner is up again; it then pulls
+        through :meth:`may_pull`), False (default) if it still expects the learner's next
+        gradient (a real PS re-sends the same batch to the restarting actor at once).
         """
         return False
 
     def on_back(self, sim: Simulation, learner: int) -> None:
-        """Real runs only: ``learner``, lost (``on_lost`` returned True), was restarted."""
+        """``learner``, gone (``on_lost`` returned True), is back."""
 
 
 @register_protocol("async")
@@ -217,11 +229,14 @@ class Hardsync(Protocol):
         self._complete(sim)
 
     def on_lost(self, sim, learner):
-        """A learner died mid-round (real runs): this round and the next ones complete with
-        the live learners' gradients until it is back (:meth:`on_back`); it then rejoins at
-        the next round. A round keeps at least one learner: if ``learner`` is the last one,
-        the round waits for its restart (returns False)."""
-        if learner in self.away or self.learners - len(self.away) <= 1:
+        """A learner is gone (a real actor died, a simulated one went down): this round and
+        the next ones complete with the live learners' gradients until it is back
+        (:meth:`on_back`). If it had delivered this round's gradient, that gradient stays
+        in the round."""
+        if learner in self.back:  # gone again before it rejoined
+            self.back.discard(learner)
+            return True
+        if learner in self.away:
             return False
         self.away.add(learner)
         if self.buffer:
@@ -229,13 +244,27 @@ class Hardsync(Protocol):
         return True
 
     def on_back(self, sim, learner):
-        if learner in self.away:
-            self.back.add(learner)
+        """A learner that is back rejoins at the next round -- a round under way does not
+        wait for its compute -- or at once if no learner is in this round (all were away:
+        nobody would complete it)."""
+        if learner not in self.away:
+            return
+        self.back.add(learner)
+        if len(self.away) == self.learners and not self.buffer:
+            self.away -= self.back
+            self.back.clear()
+            if self.barrier is not None:  # those back before it wait at it: go now
+                barrier, self.barrier = self.barrier, None
+                barrier.succeed()
 
     def _complete(self, sim):
-        if len(self.buffer) == self.learners - len(self.away):
-            buf, self.buffer = self.buffer, []
-            for k in self.away:
+        buf = self.buffer
+        # The learners this round goes without: those away, less any that went away after
+        # delivering this round's gradient.
+        sat_out = self.away - {g[0] for g in buf} if self.away else ()
+        if buf and len(buf) + len(sat_out) == self.learners:
+            self.buffer = []
+            for k in sat_out:
                 self.missed[k] += 1
             self.away -= self.back
             self.back.clear()
@@ -255,8 +284,9 @@ class SSP(Protocol):
         self.s = cfg.s
         self.clock = [0] * learners  # gradients pushed (arrived) per learner
         self.at = {0: learners}  # how many learners sit at each clock value
-        self.min_clock = 0
+        self.min_clock = 0  # the slowest live learner's
         self.waiting: dict[int, list] = {}  # min clock needed -> events
+        self.gone: set[int] = set()  # learners not counted (on_lost)
 
     @classmethod
     def check(cls, cfg, learners):
@@ -279,12 +309,37 @@ class SSP(Protocol):
         self.at[c] -= 1
         self.at[c + 1] = self.at.get(c + 1, 0) + 1
         sim.apply_update((grad,))
-        if c == self.min_clock and self.at[c] == 0:
+        if self.at[c] == 0:
             del self.at[c]
-            self.min_clock = min(self.at)
-            ready = [k for k in self.waiting if k <= self.min_clock]
-            for k in sorted(ready):
-                for ev in self.waiting.pop(k):
+            if c == self.min_clock:
+                self._raise_min()
+
+    def on_lost(self, sim, learner):
+        """The bound holds over the live learners: a gone learner holds nobody back."""
+        if learner in self.gone:
+            return False
+        self.gone.add(learner)
+        c = self.clock[learner]
+        self.at[c] -= 1
+        if self.at[c] == 0:
+            del self.at[c]
+            if c == self.min_clock and self.at:
+                self._raise_min()
+        return True
+
+    def on_back(self, sim, learner):
+        """Back, it counts again with its own clock (so the others may wait for it)."""
+        self.gone.discard(learner)
+        c = self.clock[learner]
+        self.at[c] = self.at.get(c, 0) + 1
+        self.min_clock = min(self.at)
+
+    def _raise_min(self):
+        self.min_clock = min(self.at)
+        ready = [k for k in self.waiting if k <= self.min_clock]
+        for k in sorted(ready):
+            for ev in self.waiting.pop(k):
+                if not ev.triggered:
                     ev.succeed()
 
 

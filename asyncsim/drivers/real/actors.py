@@ -298,7 +298,8 @@ class PSImpl:
         lam = len(self.next_batch)
         # A short hardsync round (a learner died, see run()) is replayed as the same
         # on_lost calls, so the protocol's round bookkeeping matches the checkpoint too.
-        lost_hook = type(self.proto).on_lost is not Protocol.on_lost
+        lost_hook = (type(self.proto).on_lost is not Protocol.on_lost
+                     and round(1.0 / self.proto.updates_per_gradient()) == lam)
         firsts = {int(st): int(n) for st, n in zip(u["start"], u["n_grads"], strict=True)}
         for i in range(len(g["learner"])):
             if lost_hook and firsts.get(i, lam) < lam:

@@ -123,6 +123,10 @@ def check_supported(scn: Scenario) -> None:
         if getattr(net, direction) is not None:
             raise ScenarioError(f"cluster.network.{direction}", "a real run's transfers cross "
                                 "the real network: remove the simulated shared link")
+    if scn.cluster.availability is not None:
+        raise ScenarioError("cluster.availability", "a real run's learners are up until their "
+                            "processes fail (and Ray restarts them); remove the simulated "
+                            "availability")
     cls = get_protocol_class(scn.protocol.kind)
     if scn.protocol.kind == "fixed-delay" or cls.start is not Protocol.start:
         raise ScenarioError("protocol.kind", f"{scn.protocol.kind!r} schedules workers itself "
