@@ -10,9 +10,12 @@ from typing import Any
 import numpy as np
 
 from asyncsim import runs
+from asyncsim._io import read_csv
 from asyncsim.config import to_dict
+from asyncsim.drivers.driver import message_bytes
+from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_run_scenario, load_scenario
-from asyncsim.trace import Trace
+from asyncsim.trace import Trace, away_intervals
 
 
 def measured_durations(trace) -> dict[str, Any]:
@@ -30,26 +33,147 @@ def measured_durations(trace) -> dict[str, Any]:
             "push": np.maximum(g["t_arrive"] - g["t_push"], 0.0)}
 
 
+# What a cluster fit needs before it is made (fewer: calibrate says it cannot, and why).
+MIN_DOWN_PERIODS = 5  # availability: completed down periods, all learners together
+MIN_TRANSFERS = 30  # a PS interface: transfers timed
+MIN_T = 5.0  # a PS interface: its slope (seconds per transfer in progress) / standard error
+
+
+def shared_link_fit(t0: np.ndarray, t1: np.ndarray) -> dict[str, float]:
+    """How a direction's transfer times grow with the transfers in progress: the least-squares
+    line ``t1 - t0 = latency + per_transfer * n`` over the transfers ``[t0, t1]``, where n is
+    the time average, over a transfer, of the number in progress (itself included). Under
+    fair sharing of an interface of bandwidth B by transfers of b bytes, a transfer lasts
+    ``b / B`` times that average, exactly (the bandwidth it gets is B / n at each instant).
+    Returns ``latency``, ``per_transfer``, ``se`` (its standard error) and ``spread`` (the
+    standard deviation of n: without it the slope is not identified)."""
+    ok = np.isfinite(t0) & np.isfinite(t1) & (t1 > t0)
+    t0, t1 = t0[ok], t1[ok]
+    if t0.size < 3:
+        return {"latency": float("nan"), "per_transfer": float("nan"), "se": float("inf"),
+                "spread": 0.0, "transfers": int(t0.size)}
+    s, e = np.sort(t0), np.sort(t1)
+    cs, ce = np.concatenate([[0.0], np.cumsum(s)]), np.concatenate([[0.0], np.cumsum(e)])
+
+    def busy(t):  # integral from 0 to t of the number of transfers in progress
+        ks, ke = np.searchsorted(s, t, side="right"), np.searchsorted(e, t, side="right")
+        return ks * t - cs[ks] - (ke * t - ce[ke])
+
+    dur = t1 - t0
+    n = (busy(t1) - busy(t0)) / dur
+    x = n - n.mean()
+    sxx = float(x @ x)
+    if sxx <= 0.0:
+        return {"latency": float(dur.mean()), "per_transfer": float("nan"), "se": float("inf"),
+                "spread": 0.0, "transfers": int(t0.size)}
+    slope = float(x @ (dur - dur.mean()) / sxx)
+    latency = float(dur.mean() - slope * n.mean())
+    resid = dur - latency - slope * n
+    se = float(np.sqrt(resid @ resid / max(dur.size - 2, 1) / sxx))
+    return {"latency": latency, "per_transfer": slope, "se": se, "spread": float(n.std()),
+            "transfers": int(t0.size)}
+
+
+def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
+                pull_bytes: float | None) -> tuple[dict[str, Any], list[str]]:
+    """The PS's shared interfaces and the learners' availability a trace supports:
+    ``({"ps_ingress": ..., "ps_egress": ..., "push": ..., "pull": ..., "availability": ...}
+    (those fitted; a fitted interface comes with its direction's link),
+    [one line per fit made or refused, saying why])``.
+
+    * ``ps_ingress`` / ``ps_egress``: :func:`shared_link_fit` of the pushes ``[t_push,
+      t_arrive]`` / the pulls ``[t_pull, t_start]`` (only real traces time pulls); fitted as
+      fair sharing of bandwidth ``bytes / per_transfer`` when the slope is positive at
+      ``MIN_T`` standard errors over at least ``MIN_TRANSFERS`` transfers.
+    * ``availability``: the learners' down periods (a simulated trace's down table, a real
+      run's lost-to-back intervals, :func:`asyncsim.trace.away_intervals`) and the up
+      periods between them (from t = 0; the last, cut by the run's end, is left out), pooled
+      over the learners: exponential by their means, once there are ``MIN_DOWN_PERIODS``
+      completed down periods.
+    """
+    fits: dict[str, Any] = {}
+    notes: list[str] = []
+    g = trace.grads
+    sides = [("ps_ingress", g["t_push"], g["t_arrive"], push_bytes, "pushes")]
+    if "t_start" in g:
+        sides.append(("ps_egress", g["t_pull"], g["t_start"], pull_bytes, "pulls"))
+    else:
+        notes.append("ps_egress: not fitted: a simulated trace does not time its pulls "
+                     "(no t_start)")
+    for key, t0, t1, nbytes, what in sides:
+        f = shared_link_fit(np.asarray(t0, float), np.asarray(t1, float))
+        why = None
+        if f["transfers"] < MIN_TRANSFERS:
+            why = f"{f['transfers']} {what} timed (needs {MIN_TRANSFERS})"
+        elif not f["per_transfer"] > MIN_T * f["se"]:
+            why = (f"{what} do not take longer with more in progress (slope "
+                   f"{f['per_transfer']:.3g} ± {f['se']:.2g} s per transfer)")
+        elif not nbytes:
+            why = "the message size is unknown"
+        if why is not None:
+            notes.append(f"{key}: not fitted: {why}")
+            continue
+        fits[key] = {"bandwidth": float(nbytes / f["per_transfer"]), "sharing": "fair"}
+        # The learner's own link keeps what the line does not put on the interface: its
+        # intercept, as a constant latency, with the message size the bandwidth assumed.
+        fits["push" if key == "ps_ingress" else "pull"] = {
+            "latency": {"dist": "constant", "value": max(f["latency"], 0.0)},
+            "bytes": int(nbytes)}
+        notes.append(f"{key}: fitted fair sharing of {fits[key]['bandwidth']:.4g} bytes/s "
+                     f"({nbytes:.0f}-byte messages, {f['per_transfer']:.3g} ± {f['se']:.2g} s "
+                     f"per transfer in progress, over {f['transfers']} {what})")
+    try:
+        away = away_intervals(trace, restarts)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ScenarioError("restarts.csv", f"damaged ({e!r}): move it aside to calibrate "
+                            "from the trace alone", file="asyncsim calibrate") from None
+    down = away[away["kind"] == "down"].sort_values(["learner", "t0"], kind="stable")
+    end = float(trace.meta.get("sim_time", 0.0))
+    closed = down[np.isfinite(down["t1"]) & (down["t1"] < end)]
+    ups = []
+    for _, d in down.groupby("learner"):
+        starts = np.concatenate([[0.0], d["t1"].to_numpy()[:-1]])
+        ups.extend(d["t0"].to_numpy() - starts)
+    if len(closed) < MIN_DOWN_PERIODS:
+        notes.append(f"availability: not fitted: {len(closed)} completed down periods "
+                     f"(needs {MIN_DOWN_PERIODS})")
+    else:
+        up_mean = float(np.mean(ups))
+        down_mean = float((closed["t1"] - closed["t0"]).mean())
+        fits["availability"] = {"up": {"dist": "exponential", "mean": up_mean},
+                                "down": {"dist": "exponential", "mean": down_mean}}
+        notes.append(f"availability: fitted exponential up periods of mean {up_mean:.4g} "
+                     f"and down periods of mean {down_mean:.4g} (from {len(ups)} up and "
+                     f"{len(closed)} down periods, all learners pooled)")
+    return fits, notes
+
+
 def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
-              kind: str = "empirical") -> Path:
+              kind: str = "empirical", notes: list[str] | None = None) -> Path:
     """Fit the timing of a real run and write a scenario that simulates it.
 
     ``empirical``: the measured durations go to ``calib_*.csv`` next to the scenario and the
     scenario resamples them (``dist = "empirical"``), per learner for compute, shared for
-    the pull and push links. ``parametric``: lognormal by measured mean and cv. The scenario
-    is the run's own (model, data, protocol, optimizer, seed) with the same number of
-    updates; returns its path.
+    the pull and push links. ``parametric``: lognormal by measured mean and cv. The PS's
+    shared interfaces and the learners' availability are fitted where the trace supports
+    them (:func:`fit_cluster`); ``notes``, if given, gets one line per such fit, made or
+    refused. The scenario is the run's own (model, data, protocol, optimizer, seed) with
+    the same number of updates; returns its path.
     """
     run_dir = runs.require_run_folder(run_dir)
     scn = load_run_scenario(run_dir)
     trace = Trace.load(run_dir)
+    restarts = (read_csv(run_dir / "restarts.csv") if (run_dir / "restarts.csv").exists()
+                else None)
     out = Path(out) if out else run_dir / "calibrated.toml"
     # Written beside the run's files (by default into the run folder): as its one writer.
     with runs.locked(out.parent):
-        return _write_calibrated(scn, trace, run_dir, out, kind)
+        return _write_calibrated(scn, trace, restarts, run_dir, out, kind,
+                                 [] if notes is None else notes)
 
 
-def _write_calibrated(scn, trace, run_dir: Path, out: Path, kind: str) -> Path:
+def _write_calibrated(scn, trace, restarts, run_dir: Path, out: Path, kind: str,
+                      notes: list[str]) -> Path:
     """:func:`calibrate` holding the lock of ``out``'s folder."""
     m = measured_durations(trace)
 
@@ -77,6 +201,17 @@ def _write_calibrated(scn, trace, run_dir: Path, out: Path, kind: str) -> Path:
     cl.pop("ps_service", None)
     cl["network"] = {"pull": {"latency": spec(m["pull"], "pull")},
                      "push": {"latency": spec(m["push"], "push")}}
+    net = scn.cluster.network
+    nbytes = message_bytes(scn, always=True)
+    fits, lines = fit_cluster(trace, restarts, push_bytes=net.push.bytes or nbytes,
+                              pull_bytes=net.pull.bytes or nbytes)
+    notes.extend(lines)
+    cl.pop("availability", None)
+    for key in fits:
+        if key == "availability":
+            cl[key] = fits[key]
+        else:  # a direction's link and the PS's interface it crosses
+            cl["network"][key] = fits[key]
     run = {k: v for k, v in d.get("run", {}).items()
            if k not in ("updates", "gradients", "epochs", "sim_time")}
     run["updates"] = trace.num_updates

@@ -11,11 +11,16 @@ every run folder holds -- simulated, replayed or real):
 * ``push``    -- ``t_push`` to ``t_arrive`` (the PS has the gradient).
 * ``wait``    -- ``t_arrive`` of one gradient to ``t_pull`` of the learner's next one: a
   barrier (hardsync, SSP), a queue at the PS, or a pull that had to wait.
-* ``down``    -- a real run's learner between its loss and its rejoining (``restarts.csv``).
+* ``down``    -- a learner that was down: a simulated one (``cluster.availability``: the
+  trace's down table) from going down to coming back, a real one from its loss to its
+  rejoining (``restarts.csv``).
+* ``lost``    -- a simulated learner's work that its going down lost: the pull of a gradient
+  never applied to the moment it went down.
 
 The PS's updates are ticks on a row of their own, labelled with the number of gradients c
 they took; each compute bar is coloured by its gradient's staleness. Only applied gradients
-are in a trace, so work in flight at the end (and a real run's lost gradients) has no bar.
+and a simulated run's lost ones are in a trace, so work in flight at the end (and a real
+run's lost gradients) has no bar.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import pandas as pd
 
 from asyncsim._io import read_csv, read_toml, write_text
 from asyncsim.errors import ScenarioError
-from asyncsim.trace import Trace
+from asyncsim.trace import Trace, away_intervals
 
-KINDS = ("pull", "compute", "push", "wait", "down")
-COLORS = {"pull": "#9ecae1", "push": "#fdae6b", "wait": "#d9d9d9", "down": "#de2d26"}
+KINDS = ("pull", "compute", "push", "wait", "down", "lost")
+COLORS = {"pull": "#9ecae1", "push": "#fdae6b", "wait": "#d9d9d9", "down": "#de2d26",
+          "lost": "#000000"}
 
 __all__ = ["KINDS", "draw_timeline", "intervals", "parse_range", "utilisation"]
 
@@ -81,13 +87,13 @@ def intervals(trace: Trace, *, restarts: pd.DataFrame | None = None,
                                "t1": nxt["t_pull"].to_numpy(), "staleness": -1,
                                "batch": -1}))
     out = pd.concat(parts, ignore_index=True)
-    if restarts is not None and len(restarts):
-        try:
-            down = _down(restarts)
-        except (KeyError, ValueError, TypeError) as e:
-            raise ScenarioError("restarts.csv", f"damaged ({e!r}); the trace alone draws "
-                                "without it: move it aside", file="asyncsim timeline") from None
-        out = pd.concat([_without(out, down), down], ignore_index=True)
+    try:
+        cut = away_intervals(trace, restarts)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ScenarioError("restarts.csv", f"damaged ({e!r}); the trace alone draws "
+                            "without it: move it aside", file="asyncsim timeline") from None
+    if len(cut):
+        out = pd.concat([_without(out, cut), cut], ignore_index=True)
     out = out[out["t1"] > out["t0"]]
     if learners is not None:
         out = out[(out["learner"] >= learners[0]) & (out["learner"] < learners[1])]
@@ -99,13 +105,15 @@ def intervals(trace: Trace, *, restarts: pd.DataFrame | None = None,
 
 
 def _without(iv: pd.DataFrame, down: pd.DataFrame) -> pd.DataFrame:
-    """``iv`` with each learner's down intervals cut out of its wait and pull intervals (a
-    lost learner is down, not waiting; a restarted actor's first pull spans its restart)."""
+    """``iv`` with each learner's down (and lost) intervals cut out of its wait and pull
+    intervals (a lost learner is down, not waiting; a restarted actor's first pull spans its
+    restart)."""
     out = []
+    by_learner = {k: list(d.itertuples(index=False)) for k, d in down.groupby("learner")}
     for r in iv.itertuples(index=False):
         pieces = [(r.t0, r.t1)]
         if r.kind in ("wait", "pull"):
-            for d in down[down["learner"] == r.learner].itertuples(index=False):
+            for d in by_learner.get(r.learner, ()):
                 pieces = [p for a, b in pieces for p in ((a, min(b, d.t0)), (max(a, d.t1), b))
                           if p[1] > p[0]]
         out.extend({**r._asdict(), "t0": a, "t1": b} for a, b in pieces)
@@ -117,28 +125,6 @@ def _rows(g: pd.DataFrame, kind: str, t0, t1) -> pd.DataFrame:
                          "t0": np.asarray(t0, float), "t1": np.asarray(t1, float),
                          "staleness": g["staleness"].to_numpy(),
                          "batch": g["batch"].to_numpy()})
-
-
-def _down(restarts: pd.DataFrame) -> pd.DataFrame:
-    """A real run's down intervals: a learner's ``lost`` event to its ``rejoined`` (hardsync,
-    which goes on without it) or, where the PS serves the restarted actor at once (async,
-    softsync, SSP: no rejoined event), to its ``restarted``."""
-    rows = []
-    for k, ev in restarts.sort_values("t", kind="stable").groupby("learner"):
-        lost = None
-        events = list(ev[["event", "t"]].itertuples(index=False))
-        for i, (kind, t) in enumerate(events):
-            if kind == "lost" and lost is None:
-                lost = float(t)
-            elif lost is not None and kind in ("rejoined", "restarted"):
-                later = [e for e, _ in events[i + 1:]]
-                if kind == "restarted" and "rejoined" in later[:2]:
-                    continue  # hardsync: down until it rejoins
-                rows.append((int(k), lost, float(t)))
-                lost = None
-    return pd.DataFrame([{"learner": k, "kind": "down", "t0": a, "t1": b, "staleness": -1,
-                          "batch": -1} for k, a, b in rows],
-                        columns=["learner", "kind", "t0", "t1", "staleness", "batch"])
 
 
 def _caption(run_dir: Path, scn: dict, trace: Trace, learners, window) -> str:
@@ -157,6 +143,11 @@ def _caption(run_dir: Path, scn: dict, trace: Trace, learners, window) -> str:
     note = (" A serial fixed-delay schedule steps one worker at a time: a bar spans a "
             "worker's step from the version it read to its push, not its compute alone."
             if serial else "")
+    if trace.num_down:
+        stats = trace.down_stats()
+        note += (f" Learners came and went (cluster.availability): {stats['down_periods']} "
+                 f"down periods, {stats['lost_gradients']} gradients lost, up "
+                 f"{100 * stats['up_fraction']:.0f}% of the time.")
     return (f"Scenario {scn.get('name', '?')} (timing seed {seed}): {kind}, "
             f"{cluster.get('learners', '?')} learners; the trace's {trace.num_gradients} "
             f"gradients and {trace.num_updates} updates.{note} Redraw: asyncsim timeline "

@@ -45,8 +45,11 @@ def cmd_real(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    path = calibrate(args.run_dir, out=args.out, kind=args.kind)
+    notes: list[str] = []
+    path = calibrate(args.run_dir, out=args.out, kind=args.kind, notes=notes)
     print(f"calibrated scenario: {path}")
+    for line in notes:
+        print(f"  {line}")
     print(f"simulate it with: asyncsim trace {path} --out RUN_B; then "
           f"asyncsim compare {args.run_dir} RUN_B")
     return 0

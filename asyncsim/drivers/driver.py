@@ -113,11 +113,12 @@ def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
                     nominal_staleness=proto.nominal_staleness(), **kw)
 
 
-def message_bytes(scn: Scenario) -> int | None:
+def message_bytes(scn: Scenario, *, always: bool = False) -> int | None:
     """4 bytes per model parameter, when a message's size matters and is not given: a link,
-    or the PS's shared interface in its direction, has a finite bandwidth and no ``bytes``."""
+    or the PS's shared interface in its direction, has a finite bandwidth and no ``bytes``
+    (with ``always``, in any case)."""
     net = scn.cluster.network
-    if not any(link.bytes is None and (math.isfinite(link.bandwidth) or (
+    if not always and not any(link.bytes is None and (math.isfinite(link.bandwidth) or (
             shared is not None and math.isfinite(shared.bandwidth)))
                for link, shared in ((net.pull, net.ps_egress), (net.push, net.ps_ingress))):
         return None
