@@ -34,6 +34,18 @@ def finished_points(sweep_dir: Path) -> list[Path]:
     return [f for f in folders if (f / "summary.json").exists()]
 
 
+def trace_points(sweep_dir: Path):
+    """``(folder, scenario dict, trace, warm-up updates)`` of each complete point of a
+    timing-only sweep, the warm-up from its ``[figure] warmup_updates`` (default 100): what
+    the staleness figures read."""
+    from asyncsim.trace import Trace
+
+    for folder in finished_points(sweep_dir):
+        scn = read_toml(folder / "scenario.toml")
+        yield (folder, scn, Trace.load(folder),
+               int(scn.get("figure", {}).get("warmup_updates", 100)))
+
+
 def read_edges(sweep_dir: Path) -> pd.DataFrame:
     """The stability edges a sweep measured (its ``edges.csv``: point, tau, schedule,
     momentum, beta, measured, closed_form, staleness_mean, staleness_max)."""

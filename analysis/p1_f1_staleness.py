@@ -11,10 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from asyncsim._io import read_toml
-from asyncsim.trace import Trace
-
-from ._common import add_caption, finished_points
+from ._common import add_caption, trace_points
 
 NAME = "p1_f1_staleness"
 
@@ -28,10 +25,7 @@ def _label(compute: str) -> str:
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     rows = []
-    for folder in finished_points(sweep_dir):
-        s = read_toml(folder / "scenario.toml")
-        trace = Trace.load(folder)
-        skip = int(s.get("figure", {}).get("warmup_updates", 100))
+    for _, s, trace, skip in trace_points(sweep_dir):
         lam = s["cluster"]["learners"]
         n = s["protocol"]["n"]
         compute = json.dumps(s["cluster"]["compute"])

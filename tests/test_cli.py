@@ -302,7 +302,8 @@ def test_trace_sweep_and_figure(tmp_path, capsys):
     # Figures redraw from existing runs only.
     assert main(["figures", "p1_f1_staleness", "--runs", str(tmp_path / "nothing")]) == 2
     assert main(["figures", "p1_f1_stalenes"]) == 2  # a typo is not a missing run
-    assert "unknown figure 'p1_f1_stalenes'; figures: p1_beyond, p1_f1_staleness" in (
+    assert ("unknown figure 'p1_f1_stalenes'; figures: churn_staleness, p1_beyond, "
+            "p1_f1_staleness") in (
         capsys.readouterr().err)
 
 
