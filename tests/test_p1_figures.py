@@ -52,10 +52,17 @@ def test_smoke_profile_runs_and_draws(smoke_sweep, tmp_path):
         assert sorted(set(table["final_test_error_mean"])) == sorted(set(errors))
     if name == "p1_f2_speedup":
         data = pd.read_csv(csv)
+        # One panel per link model, each with its own λ = 1 baseline (one run, drawn for
+        # both protocols).
+        assert list(dict.fromkeys(data["link"])) == ["private links",
+                                                     "shared PS interface 10 Gb/s, fair"]
         alone = data[data["learners"] == 1]
-        assert (alone["speedup_per_epoch"] == 1.0).all() and len(alone) == 2
-        # (λ = 1 is one run, drawn for both protocols)
+        assert (alone["speedup_per_epoch"] == 1.0).all() and len(alone) == 4
         assert set(data["staleness_mean"]) == {s["staleness_mean"] for s in summaries.values()}
+        # The shared interface adds its transfers to every step: each point is slower.
+        per = data.pivot_table(index=["protocol", "learners"], columns="link",
+                               values="sim_time_per_epoch")
+        assert (per["shared PS interface 10 Gb/s, fair"] > per["private links"]).all()
     if name == "p1_beyond":
         data = pd.read_csv(csv)
         # the x axis: the run's rate x its measured initial sharpness / the delayed edge
