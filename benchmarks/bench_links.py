@@ -7,8 +7,12 @@ gradient, the compute); private links of 100 MB/s each (a pull and a push are ti
 events per gradient, the baseline a shared interface is measured against -- a cluster whose
 transfers take time at all); the same with the PS's shared ingress and egress of 10.7 MB/s
 (the rate at which the interface carries 30 messages per time unit, so transfers overlap
-and the sharing code does real work), FIFO and fair (processor sharing). Reports gradients
-per wall second and the ratios to the timed private links.
+and the sharing code does real work), FIFO and fair (processor sharing); and learners that
+come and go (``cluster.availability``: exponential up periods of mean 50 and down periods of
+mean 10 compute times, so a sixth of the time is down and gradients are lost), alone and with
+each shared interface. Reports gradients per CPU second of this process (its CPU time, not
+the wall clock: other work on the machine then moves the ratios less) and the ratios to the
+timed private links.
 
     python benchmarks/bench_links.py [--gradients 200000] [--repeat 3]
 """
@@ -28,15 +32,22 @@ from asyncsim.scenario import load_scenario  # noqa: E402
 BYTES = 358_312
 
 
-def scenario(sharing: str | None, gradients: int, *, private: float = float("inf")):
+AVAILABILITY = {"up": {"dist": "exponential", "mean": 50.0},
+                "down": {"dist": "exponential", "mean": 10.0}}
+
+
+def scenario(sharing: str | None, gradients: int, *, private: float = float("inf"),
+             churn: bool = False):
     net = {"pull": {"bytes": BYTES, "bandwidth": private},
            "push": {"bytes": BYTES, "bandwidth": private}}
     if sharing is not None:
         for d in ("ps_ingress", "ps_egress"):
             net[d] = {"bandwidth": 30 * BYTES, "sharing": sharing}
-    return load_scenario({"seed": 0, "cluster": {
-        "learners": 30, "compute": {"dist": "exponential", "mean": 1.0}, "network": net},
-        "protocol": {"kind": "async"}, "run": {"gradients": gradients, "trace_only": True}})
+    cluster = {"learners": 30, "compute": {"dist": "exponential", "mean": 1.0}, "network": net}
+    if churn:
+        cluster["availability"] = AVAILABILITY
+    return load_scenario({"seed": 0, "cluster": cluster, "protocol": {"kind": "async"},
+                          "run": {"gradients": gradients, "trace_only": True}})
 
 
 def main(argv=None) -> dict[str, float]:
@@ -44,18 +55,20 @@ def main(argv=None) -> dict[str, float]:
     ap.add_argument("--gradients", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
-    rows = {"free links": (None, float("inf")), "private links": (None, 1e8),
-            "+ shared, fifo": ("fifo", 1e8), "+ shared, fair": ("fair", 1e8)}
+    rows = {"free links": (None, float("inf"), False), "private links": (None, 1e8, False),
+            "+ shared, fifo": ("fifo", 1e8, False), "+ shared, fair": ("fair", 1e8, False),
+            "+ availability": (None, 1e8, True),
+            "+ avail., fifo": ("fifo", 1e8, True), "+ avail., fair": ("fair", 1e8, True)}
     best: dict[str, float] = {}
     for _ in range(a.repeat):  # interleaved, the best of each
-        for name, (sharing, private) in rows.items():
-            scn = scenario(sharing, a.gradients, private=private)
-            t0 = time.perf_counter()
+        for name, (sharing, private, churn) in rows.items():
+            scn = scenario(sharing, a.gradients, private=private, churn=churn)
+            t0 = time.process_time()
             simulate(scn)
-            best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+            best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
     base = best["private links"]
     for name, t in best.items():
-        print(f"{name:<15} {a.gradients / t:>12,.0f} gradients/s   {t / base:5.2f}x the "
+        print(f"{name:<15} {a.gradients / t:>12,.0f} gradients/CPU s   {t / base:5.2f}x the "
               "timed private links' time")
     return best
 
