@@ -87,9 +87,9 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
       ``MIN_T`` standard errors over at least ``MIN_TRANSFERS`` transfers.
     * ``availability``: the learners' down periods (a simulated trace's down table, a real
       run's lost-to-back intervals, :func:`asyncsim.trace.away_intervals`) and the up
-      periods between them (from t = 0; the last, cut by the run's end, is left out), pooled
-      over the learners: exponential by their means, once there are ``MIN_DOWN_PERIODS``
-      completed down periods.
+      periods between them (from t = 0), pooled over the learners: exponential, by maximum
+      likelihood with the periods the run's end cuts short counted as censored, once there
+      are ``MIN_DOWN_PERIODS`` completed down periods.
     """
     fits: dict[str, Any] = {}
     notes: list[str] = []
@@ -114,6 +114,10 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
             notes.append(f"{key}: not fitted: {why}")
             continue
         fits[key] = {"bandwidth": float(nbytes / f["per_transfer"]), "sharing": "fair"}
+        lost = int(np.count_nonzero(trace.down["batch"] >= 0))
+        caveat = (f"; {lost} gradients were lost with learners going down, and transfers "
+                  "they left on the interface are not in the trace: the bandwidth may be "
+                  "underestimated" if lost else "")
         # The learner's own link keeps what the line does not put on the interface: its
         # intercept, as a constant latency, with the message size the bandwidth assumed.
         fits["push" if key == "ps_ingress" else "pull"] = {
@@ -121,7 +125,7 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
             "bytes": int(nbytes)}
         notes.append(f"{key}: fitted fair sharing of {fits[key]['bandwidth']:.4g} bytes/s "
                      f"({nbytes:.0f}-byte messages, {f['per_transfer']:.3g} ± {f['se']:.2g} s "
-                     f"per transfer in progress, over {f['transfers']} {what})")
+                     f"per transfer in progress, over {f['transfers']} {what}){caveat}")
     try:
         away = away_intervals(trace, restarts)
     except (KeyError, ValueError, TypeError) as e:
@@ -129,22 +133,24 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
                             "from the trace alone", file="asyncsim calibrate") from None
     down = away[away["kind"] == "down"].sort_values(["learner", "t0"], kind="stable")
     end = float(trace.meta.get("sim_time", 0.0))
-    closed = down[np.isfinite(down["t1"]) & (down["t1"] < end)]
-    ups = []
-    for _, d in down.groupby("learner"):
-        starts = np.concatenate([[0.0], d["t1"].to_numpy()[:-1]])
-        ups.extend(d["t0"].to_numpy() - starts)
-    if len(closed) < MIN_DOWN_PERIODS:
-        notes.append(f"availability: not fitted: {len(closed)} completed down periods "
+    lam = int(trace.meta.get("learners", int(g["learner"].max(initial=0)) + 1))
+    # Exponential periods by maximum likelihood with the run's end censoring them: a mean
+    # is the time spent in that state (the periods cut by the end included) over the
+    # periods that ended. Every down period ends an up period.
+    down_time = float(np.sum(np.minimum(down["t1"], end) - np.minimum(down["t0"], end)))
+    closed = int(np.count_nonzero(np.isfinite(down["t1"]) & (down["t1"] < end)))
+    if closed < MIN_DOWN_PERIODS:
+        notes.append(f"availability: not fitted: {closed} completed down periods "
                      f"(needs {MIN_DOWN_PERIODS})")
     else:
-        up_mean = float(np.mean(ups))
-        down_mean = float((closed["t1"] - closed["t0"]).mean())
+        up_mean = (lam * end - down_time) / len(down)
+        down_mean = down_time / closed
         fits["availability"] = {"up": {"dist": "exponential", "mean": up_mean},
                                 "down": {"dist": "exponential", "mean": down_mean}}
         notes.append(f"availability: fitted exponential up periods of mean {up_mean:.4g} "
-                     f"and down periods of mean {down_mean:.4g} (from {len(ups)} up and "
-                     f"{len(closed)} down periods, all learners pooled)")
+                     f"and down periods of mean {down_mean:.4g} (maximum likelihood, the "
+                     f"run's end censoring: {len(down)} up and {closed} down periods ended, "
+                     f"{lam} learners pooled)")
     return fits, notes
 
 

@@ -206,7 +206,7 @@ class Trace:
 
     def summary(self) -> dict[str, Any]:
         """The trace's headline figures for ``summary.json``: gradients, updates, sim_time,
-        staleness mean/max/p99/std and trace_hash."""
+        staleness mean/max/p99/std and trace_hash; with down periods, :meth:`down_stats`."""
         out = {"gradients": self.num_gradients, "updates": self.num_updates,
                "sim_time": float(self.meta.get("sim_time", 0.0)), **self.staleness_stats(),
                "trace_hash": self.hash()}
@@ -254,6 +254,8 @@ class Trace:
         for name, table in tables:
             with atomic(folder / f"{name}.parquet") as tmp:
                 pd.DataFrame(dict(table)).to_parquet(tmp, index=False)
+        if not self.num_down:
+            (folder / DOWN_FILE).unlink(missing_ok=True)  # another trace's, saved here before
         write_text(folder / "trace_meta.json",
                    json.dumps(jsonable(dict(self.meta)), indent=1, sort_keys=True))
 

@@ -228,6 +228,33 @@ def test_hardsync_never_idles_an_up_learner_for_a_down_one():
     assert g["t_pull"][g["learner"] == 0].tolist() == [0.0, 1.0, 3.0, 4.0, 6.0, 7.0]
 
 
+def test_hardsync_a_learner_back_at_the_barrier_starts_a_round_nobody_else_can():
+    # Compute 1 (learner 0) and 2 (learner 1). Round 1 starts at 2.0; 0 goes down
+    # mid-compute at 2.5 and is back at 2.7, to rejoin at the next round (1 is computing
+    # this one); then 1 goes down at 3.0 for long. Nobody is left in round 1, so 0 takes it
+    # at once: it pulls at 3.0 and completes rounds 1 and 2 alone (it once idled at the
+    # barrier until a learner came back).
+    cluster = {"learners": 2, "compute": [const(1.0), const(2.0)], "availability": [
+        {"up": const(2.5), "down": const(0.2)}, {"up": const(3.0), "down": const(100.0)}]}
+    t = run(scenario(cluster, {"kind": "hardsync"}), max_time=5.1)
+    assert rounds(t) == [(2.0, [0, 1]), (4.0, [0]), (5.0, [0])]
+    assert t.grads["t_pull"][t.grads["learner"] == 0].tolist() == [0.0, 3.0, 4.0]
+
+
+def test_downs_that_lose_nothing_do_not_count_as_no_progress(monkeypatch):
+    # A straggler (compute 200, always up) holds each hardsync round; ten fast learners
+    # (compute 0.1, up and down 0.5) go down about 200 times a round, mostly waiting at the
+    # barrier with nothing lost. The guard against up periods too short for a step counts
+    # losses only, so the run is not stopped as one that gets nothing through.
+    from asyncsim.timing import cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "_MAX_IDLE_DOWNS", 1000)
+    spec = {"learners": 11, "compute": [const(200.0)] + [const(0.1)] * 10,
+            "availability": [ALWAYS_UP] + [{"up": const(0.5), "down": const(0.5)}] * 10}
+    t = run(scenario(spec, {"kind": "hardsync"}), max_updates=3)
+    assert t.num_updates == 3 and t.num_down > 3 * 1000
+
+
 def test_a_step_ending_with_its_up_period_is_delivered_in_every_period():
     # Up exactly one step (1.0), down 0.5: each period's step ends at the instant the period
     # does, and the step comes first -- in the first period as in the later ones.
@@ -326,6 +353,17 @@ def test_availability_is_deterministic_and_a_never_reached_down_changes_nothing(
     # With downs, the down table is part of the trace's identity.
     assert dataclasses.replace(a, down=Trace.from_columns(a.grads, a.updates).down).hash() \
         != a.hash()
+
+
+def test_saving_a_trace_without_downs_removes_another_traces_down_table(tmp_path):
+    with_downs = run(scenario(RANDOM, {"kind": "async"}, seed=5), max_updates=300)
+    assert with_downs.num_down
+    with_downs.save(tmp_path)
+    free = {k: v for k, v in RANDOM.items() if k != "availability"}
+    without = run(scenario(free, {"kind": "async"}, seed=5), max_updates=300)
+    without.save(tmp_path)
+    assert Trace.load(tmp_path).num_down == 0
+    assert Trace.load(tmp_path).hash() == without.hash()
 
 
 def periods(t: Trace, k: int) -> tuple[list[float], list[float]]:
@@ -620,8 +658,8 @@ def test_up_periods_too_short_for_a_step_are_an_error_not_a_hang():
     scn = scenario({"learners": 1, "compute": const(1.0),
                     "availability": {"up": const(0.5), "down": const(0.1)}})
     t0 = time.perf_counter()
-    with pytest.raises(ScenarioError, match="cluster.availability: 100000 down periods in a "
-                                            "row with no gradient applied") as e:
+    with pytest.raises(ScenarioError, match="cluster.availability: 100000 gradients lost in "
+                                            "a row, none applied") as e:
         Simulation(scn).run(max_updates=10)
     assert "\n" not in str(e.value) and time.perf_counter() - t0 < 10.0
     # A time limit reached first ends the run normally, with nothing applied: downs at

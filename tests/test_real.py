@@ -245,6 +245,8 @@ def test_killed_learner_under_ssp_holds_nobody_back(cluster, tmp_path, tiny):
     trace = Trace.load(out)
     check_trace(trace, scn)
     assert trace.num_updates == 12 == s["updates"] and s["lost_gradients"] == 1
+    # Every SSP update takes one gradient: none is a hardsync round that went short.
+    assert s["short_rounds"] == 0 and "short_rounds" not in trace.meta
     r = pd.read_csv(out / "restarts.csv")
     assert r["event"].tolist()[:2] == ["lost", "away"]
     assert replay_folder(out, out=tmp_path / "replay").summary["param_hash"] == s["param_hash"]

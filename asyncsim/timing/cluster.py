@@ -44,8 +44,9 @@ _PS = 1 << 30  # the "learner" index of the PS's own streams
 # Draws per refill of a learner's stream. Fixed (never derived from the cluster size), so
 # adding learners cannot change another learner's draws.
 _BLOCK = 512
-# A run whose learners go down this many times in a row without an update taking a gradient
-# is stopped with an error: its up periods are too short for anything to get through.
+# A run whose learners lose this many gradients in a row (going down) without an update
+# taking one is stopped with an error: its up periods are too short for anything to get
+# through.
 _MAX_IDLE_DOWNS = 100_000
 
 OnUpdate = Callable[[int, Sequence[tuple]], bool | None]
@@ -160,7 +161,7 @@ class Simulation:
         self._procs: list[Any] = [None] * c.learners
         self._back: list[simpy.Event | None] = [None] * c.learners
         self._open = [-1] * c.learners
-        self._idle_downs = 0  # down periods in a row with no gradient applied in between
+        self._idle_downs = 0  # losses in a row with no gradient applied in between
         self._applied_mark = -1
         self._dcols: list[array] = [_column(t) for t in DOWN_COLUMNS.values()]
 
@@ -275,15 +276,17 @@ class Simulation:
         pulled): record the loss, let the protocol go on without it, wait until it is up."""
         lost = read >= 0
         self._open[learner] = len(self._dcols[0])
-        if self.n_applied == self._applied_mark:
+        # Only losses count: a learner that goes down waiting (at a barrier) is not a sign
+        # that nothing gets through.
+        if lost and self.n_applied != self._applied_mark:
+            self._applied_mark, self._idle_downs = self.n_applied, 0
+        elif lost:
             self._idle_downs += 1
             if self._idle_downs > _MAX_IDLE_DOWNS:
-                raise ScenarioError("cluster.availability", f"{_MAX_IDLE_DOWNS} down periods "
-                                    f"in a row with no gradient applied (t = {self.env.now:.6g})"
+                raise ScenarioError("cluster.availability", f"{_MAX_IDLE_DOWNS} gradients "
+                                    f"lost in a row, none applied (t = {self.env.now:.6g})"
                                     ": the up periods are too short for a step's compute and "
                                     "network time")
-        else:
-            self._applied_mark, self._idle_downs = self.n_applied, 0
         for col, value in zip(self._dcols, (learner, self.env.now, math.inf,
                                             batch if lost else -1, read,
                                             t_pull if lost else math.nan), strict=True):

@@ -241,6 +241,7 @@ class Hardsync(Protocol):
         self.away.add(learner)
         if self.buffer:
             self._complete(sim)
+        self._start_if_nobody_in_round()
         return True
 
     def on_back(self, sim, learner):
@@ -250,10 +251,15 @@ class Hardsync(Protocol):
         if learner not in self.away:
             return
         self.back.add(learner)
-        if len(self.away) == self.learners and not self.buffer:
+        self._start_if_nobody_in_round()
+
+    def _start_if_nobody_in_round(self):
+        """Every learner away and nothing delivered: no round can complete, so those back
+        (waiting at the barrier for the next round) take this one."""
+        if self.back and len(self.away) == self.learners and not self.buffer:
             self.away -= self.back
             self.back.clear()
-            if self.barrier is not None:  # those back before it wait at it: go now
+            if self.barrier is not None:
                 barrier, self.barrier = self.barrier, None
                 barrier.succeed()
 

@@ -518,7 +518,8 @@ class PSImpl:
         lam = len(self.learners)
         short = ([v for v, n in zip(self.u["version"][:applied], self.u["n_grads"][:applied],
                                     strict=True) if n < lam]
-                 if any(r["event"] == "away" for r in self.restarts) else [])
+                 if any(r["event"] == "away" for r in self.restarts)
+                 and round(1.0 / self.proto.updates_per_gradient()) == lam else [])
         meta = {"stop_reason": self.stop_reason or "stopped", "sim_time": self.now(),
                 "learners": len(self.learners), "protocol": self.scn.protocol.kind,
                 "seed": self.scn.seed, "kind": "real", "clock": "wall seconds",
