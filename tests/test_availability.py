@@ -666,3 +666,25 @@ def test_up_periods_too_short_for_a_step_are_an_error_not_a_hang():
     # 0.5, 1.1, ..., 99.5, each losing batch 0.
     t = run(scn, max_time=100.0)
     assert t.num_updates == 0 and t.num_down == 166 and t.summary()["lost_gradients"] == 166
+
+
+def test_a_plug_in_delay_model_sets_the_periods(fresh_registries):
+    # Any delay model, plug-ins included: a duck-typed one registered from Python gives the
+    # trace its built-in equivalent gives.
+    from asyncsim.timing import delays
+
+    class Every:
+        def __init__(self, value: float = 1.0):
+            self.value = value
+
+        def sample(self, rng, learner, now):
+            return self.value
+
+    delays.register_delay("test-every")(Every)
+    plug = {"learners": 2, "compute": const(1.0),
+            "availability": {"up": {"dist": "test-every", "value": 2.5},
+                             "down": {"dist": "test-every", "value": 0.7}}}
+    built_in = {**plug, "availability": {"up": const(2.5), "down": const(0.7)}}
+    a = run(scenario(plug, {"kind": "async"}), max_time=20.0)
+    b = run(scenario(built_in, {"kind": "async"}), max_time=20.0)
+    assert a.num_down > 5 and a.hash() == b.hash()

@@ -171,8 +171,10 @@ def test_a_second_writer_is_refused_and_the_folder_holds_one_run(tmp_path):
     """Two `asyncsim run` (seeds 0 and 1) on one --out: the second is refused with one line
     naming the first's pid, and the folder is the first run's throughout (scenario.toml,
     provenance.json and summary.json agree on its seed). Same for two sweeps."""
-    path = _write(tmp_path / "s.toml", TINY.replace("updates = 30", "updates = 3000")
-                  .replace("eval_every = 10", "eval_every = 1000"))
+    # Long enough (~5 s of updates) that the first still writes when the second, a fresh
+    # process, gets to the lock on a loaded machine (3000 updates once finished first).
+    path = _write(tmp_path / "s.toml", TINY.replace("updates = 30", "updates = 12000")
+                  .replace("eval_every = 10", "eval_every = 4000"))
     for extra, out in (([], tmp_path / "run"),
                        (["--set", "sweep.optimizer.lr=[0.05, 0.1]"], tmp_path / "sweep")):
         first = subprocess.Popen([sys.executable, "-m", "asyncsim.cli", "run", str(path),

@@ -28,7 +28,8 @@ it runs unchanged in trace-only, online and real (Ray) runs. Built-ins (P1, P2, 
 Learners that come and go (``cluster.availability``, and a real run's lost learners) reach
 a protocol through :meth:`Protocol.on_lost` / :meth:`Protocol.on_back`: ``hardsync`` rounds
 complete with the learners that are up (a learner that went down after delivering its
-gradient counts in that round, not the next ones, until it is back); ``ssp`` bounds clocks
+gradient counts in that round, not the next ones, until it is back; back, it rejoins at the
+next round, or at once when no learner is left in this one); ``ssp`` bounds clocks
 over the live learners, and one that is back rejoins the bound with its own clock (its
 gradients count, so the others wait for it to catch up to within s, as for any slow
 learner); ``softsync`` keeps c: with fewer than c learners up, the live ones fill each update
