@@ -116,8 +116,8 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
         fits[key] = {"bandwidth": float(nbytes / f["per_transfer"]), "sharing": "fair"}
         lost = int(np.count_nonzero(trace.down["batch"] >= 0))
         caveat = (f"; {lost} gradients were lost with learners going down, and transfers "
-                  "they left on the interface are not in the trace: the bandwidth may be "
-                  "underestimated" if lost else "")
+                  "they left on the interface are not in the trace: the fit may be off by "
+                  "their share of the load" if lost else "")
         # The learner's own link keeps what the line does not put on the interface: its
         # intercept, as a constant latency, with the message size the bandwidth assumed.
         fits["push" if key == "ps_ingress" else "pull"] = {
