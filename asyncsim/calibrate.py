@@ -10,12 +10,10 @@ from typing import Any
 import numpy as np
 
 from asyncsim import runs
-from asyncsim._io import read_csv
 from asyncsim.config import to_dict
 from asyncsim.drivers.driver import message_bytes
-from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_run_scenario, load_scenario
-from asyncsim.trace import Trace, away_intervals
+from asyncsim.trace import Trace, away_intervals, read_restarts
 
 
 def measured_durations(trace) -> dict[str, Any]:
@@ -100,6 +98,7 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
     else:
         notes.append("ps_egress: not fitted: a simulated trace does not time its pulls "
                      "(no t_start)")
+    lost = trace.down_stats()["lost_gradients"] if trace.num_down else 0
     for key, t0, t1, nbytes, what in sides:
         f = shared_link_fit(np.asarray(t0, float), np.asarray(t1, float))
         why = None
@@ -114,7 +113,6 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
             notes.append(f"{key}: not fitted: {why}")
             continue
         fits[key] = {"bandwidth": float(nbytes / f["per_transfer"]), "sharing": "fair"}
-        lost = int(np.count_nonzero(trace.down["batch"] >= 0))
         caveat = (f"; {lost} gradients were lost with learners going down, and transfers "
                   "they left on the interface are not in the trace: the fit may be off by "
                   "their share of the load" if lost else "")
@@ -126,11 +124,7 @@ def fit_cluster(trace: Trace, restarts, *, push_bytes: float | None,
         notes.append(f"{key}: fitted fair sharing of {fits[key]['bandwidth']:.4g} bytes/s "
                      f"({nbytes:.0f}-byte messages, {f['per_transfer']:.3g} ± {f['se']:.2g} s "
                      f"per transfer in progress, over {f['transfers']} {what}){caveat}")
-    try:
-        away = away_intervals(trace, restarts)
-    except (KeyError, ValueError, TypeError) as e:
-        raise ScenarioError("restarts.csv", f"damaged ({e!r}): move it aside to calibrate "
-                            "from the trace alone", file="asyncsim calibrate") from None
+    away = away_intervals(trace, restarts)
     down = away[away["kind"] == "down"].sort_values(["learner", "t0"], kind="stable")
     end = float(trace.meta.get("sim_time", 0.0))
     lam = int(trace.meta.get("learners", int(g["learner"].max(initial=0)) + 1))
@@ -169,8 +163,7 @@ def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
     run_dir = runs.require_run_folder(run_dir)
     scn = load_run_scenario(run_dir)
     trace = Trace.load(run_dir)
-    restarts = (read_csv(run_dir / "restarts.csv") if (run_dir / "restarts.csv").exists()
-                else None)
+    restarts = read_restarts(run_dir)
     out = Path(out) if out else run_dir / "calibrated.toml"
     # Written beside the run's files (by default into the run folder): as its one writer.
     with runs.locked(out.parent):

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import read_csv, read_toml, write_text
+from asyncsim._io import read_toml, write_text
 from asyncsim.errors import ScenarioError
-from asyncsim.trace import Trace, away_intervals
+from asyncsim.trace import Trace, away_intervals, read_restarts
 
 KINDS = ("pull", "compute", "push", "wait", "down", "lost")
 COLORS = {"pull": "#9ecae1", "push": "#fdae6b", "wait": "#d9d9d9", "down": "#de2d26",
@@ -87,11 +87,7 @@ def intervals(trace: Trace, *, restarts: pd.DataFrame | None = None,
                                "t1": nxt["t_pull"].to_numpy(), "staleness": -1,
                                "batch": -1}))
     out = pd.concat(parts, ignore_index=True)
-    try:
-        cut = away_intervals(trace, restarts)
-    except (KeyError, ValueError, TypeError) as e:
-        raise ScenarioError("restarts.csv", f"damaged ({e!r}); the trace alone draws "
-                            "without it: move it aside", file="asyncsim timeline") from None
+    cut = away_intervals(trace, restarts)
     if len(cut):
         out = pd.concat([_without(out, cut), cut], ignore_index=True)
     out = out[out["t1"] > out["t0"]]
@@ -180,8 +176,7 @@ def draw_timeline(run_dir: str | Path, png: str | Path, *, learners: str | None 
     run_dir = Path(run_dir)
     trace = Trace.load(run_dir)
     scn = read_toml(run_dir / "scenario.toml") if (run_dir / "scenario.toml").exists() else {}
-    restarts = (read_csv(run_dir / "restarts.csv") if (run_dir / "restarts.csv").exists()
-                else None)
+    restarts = read_restarts(run_dir)
     lr = parse_range(learners, "--learners", integer=True)
     wr = parse_range(window, "--window", integer=False)
     iv = intervals(trace, restarts=restarts, learners=lr, window=wr)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import atomic, damaged, jsonable, read_json, read_parquet, write_text
+from asyncsim._io import atomic, damaged, jsonable, read_csv, read_json, read_parquet, write_text
 
 GRAD_COLUMNS: dict[str, type] = {
     "learner": np.int32,
@@ -297,6 +297,13 @@ class Trace:
 
 # ----------------------------------------------------------------------------- away intervals
 AWAY_COLUMNS = ["learner", "kind", "t0", "t1", "staleness", "batch"]
+RESTARTS_FILE = "restarts.csv"  # a real run's lost learners and their restarts
+
+
+def read_restarts(folder: str | os.PathLike) -> pd.DataFrame | None:
+    """A run folder's ``restarts.csv`` (a real run's), or None where it has none."""
+    path = Path(folder) / RESTARTS_FILE
+    return read_csv(path) if path.exists() else None
 
 
 def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -307,8 +314,8 @@ def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.Dat
     serves the restarted actor at once, its ``restarted``; one not back by the end, to the
     run's end), and ``lost``, the work a
     simulated learner lost by going down (its pull to the moment it went down). The one
-    reading of "down" that ``asyncsim timeline`` and ``asyncsim calibrate`` share; a damaged
-    ``restarts`` table raises KeyError, ValueError or TypeError."""
+    reading of "down" that ``asyncsim timeline``, ``asyncsim calibrate`` and ``check_trace``
+    share; a damaged ``restarts`` table is a one-line :class:`asyncsim._io.DamagedFile`."""
     away = []
     if trace.num_down:
         d = {k: np.asarray(v) for k, v in trace.down.items()}
@@ -321,28 +328,37 @@ def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.Dat
                                   "t0": d["t_pull"][lost], "t1": d["t_down"][lost],
                                   "staleness": -1, "batch": d["batch"][lost]}))
     if restarts is not None and len(restarts):
-        rows = []
-        for k, ev in restarts.sort_values("t", kind="stable").groupby("learner"):
-            start = None
-            events = list(ev[["event", "t"]].itertuples(index=False))
-            for i, (kind, t) in enumerate(events):
-                if kind == "lost" and start is None:
-                    start = float(t)
-                elif start is not None and kind in ("rejoined", "restarted"):
-                    later = [e for e, _ in events[i + 1:]]
-                    if kind == "restarted" and "rejoined" in later[:2]:
-                        continue  # hardsync: down until it rejoins
-                    rows.append({"learner": int(k), "kind": "down", "t0": start,
-                                 "t1": float(t), "staleness": -1, "batch": -1})
-                    start = None
-            if start is not None:  # not back when the run ended
-                rows.append({"learner": int(k), "kind": "down", "t0": start,
-                             "t1": max(float(trace.meta.get("sim_time", start)), start),
-                             "staleness": -1, "batch": -1})
-        away.append(pd.DataFrame(rows, columns=AWAY_COLUMNS))
+        try:
+            away.append(_restart_downs(trace, restarts))
+        except (KeyError, ValueError, TypeError) as e:
+            raise damaged(RESTARTS_FILE, e, "move it aside: the trace alone has the "
+                          "rest") from None
     away = [a for a in away if len(a)]
     if not away:
         return pd.DataFrame({"learner": np.zeros(0, int), "kind": np.zeros(0, object),
                              "t0": np.zeros(0), "t1": np.zeros(0),
                              "staleness": np.zeros(0, int), "batch": np.zeros(0, int)})
     return pd.concat(away, ignore_index=True)[AWAY_COLUMNS]
+
+
+def _restart_downs(trace: Trace, restarts: pd.DataFrame) -> pd.DataFrame:
+    """A real run's down intervals, from its restarts table (see :func:`away_intervals`)."""
+    rows = []
+    for k, ev in restarts.sort_values("t", kind="stable").groupby("learner"):
+        start = None
+        events = list(ev[["event", "t"]].itertuples(index=False))
+        for i, (kind, t) in enumerate(events):
+            if kind == "lost" and start is None:
+                start = float(t)
+            elif start is not None and kind in ("rejoined", "restarted"):
+                later = [e for e, _ in events[i + 1:]]
+                if kind == "restarted" and "rejoined" in later[:2]:
+                    continue  # hardsync: down until it rejoins
+                rows.append({"learner": int(k), "kind": "down", "t0": start,
+                             "t1": float(t), "staleness": -1, "batch": -1})
+                start = None
+        if start is not None:  # not back when the run ended
+            rows.append({"learner": int(k), "kind": "down", "t0": start,
+                         "t1": max(float(trace.meta.get("sim_time", start)), start),
+                         "staleness": -1, "batch": -1})
+    return pd.DataFrame(rows, columns=AWAY_COLUMNS)

@@ -108,18 +108,11 @@ class Simulation:
         base_dir = scenario.base_dir  # relative paths (an empirical delay's CSV)
 
         speed = c.speed or (1.0,) * c.learners
-        specs = c.compute if isinstance(c.compute, tuple) else (c.compute,) * c.learners
-        models: dict[int, delays.DelayModel] = {}
-        self.compute = []
-        for i in range(c.learners):
-            # One model object per distinct spec (specs may be shared by all learners).
-            key = id(specs[i])
-            if key not in models:
-                models[key] = delays.make_delay(specs[i], key="cluster.compute", base_dir=base_dir)
-            self.compute.append(delays.DelayStream(
-                models[key], stream_rng(self.seed, STREAM_COMPUTE, i), i, scale=1.0 / speed[i],
-                block=_BLOCK,
-                key=f"cluster.compute[{i}]" if isinstance(c.compute, tuple) else "cluster.compute"))
+        each = isinstance(c.compute, tuple)
+        self.compute = self._streams(
+            [(c.compute[i] if each else c.compute,
+              f"cluster.compute[{i}]" if each else "cluster.compute") for i in range(c.learners)],
+            STREAM_COMPUTE, base_dir, scale=[1.0 / v for v in speed])
         self.pull = [self._link(c.network.pull, "pull", STREAM_PULL, i, msg_bytes, base_dir)
                      for i in range(c.learners)]
         self.push = [self._link(c.network.push, "push", STREAM_PUSH, i, msg_bytes, base_dir)
@@ -176,22 +169,31 @@ class Simulation:
                                         block=_BLOCK, key=key),
                      fixed)
 
+    def _streams(self, items, stream: int, base_dir, *, scale=None) -> list[delays.DelayStream]:
+        """One DelayStream per learner, ``items[i] = (spec, scenario key)``, each drawing from
+        its own ``(stream, learner)`` Generator; one model object per distinct spec (a spec
+        given for all learners is built once: an empirical one reads its file once)."""
+        models: dict[int, delays.DelayModel] = {}
+        out = []
+        for i, (spec, key) in enumerate(items):
+            if id(spec) not in models:
+                models[id(spec)] = delays.make_delay(spec, key=key, base_dir=base_dir)
+            out.append(delays.DelayStream(models[id(spec)], stream_rng(self.seed, stream, i), i,
+                                          scale=1.0 if scale is None else scale[i],
+                                          block=_BLOCK, key=key))
+        return out
+
     def _availability(self, cfg, base_dir) -> list[tuple[delays.DelayStream, ...]] | None:
+        """Per learner, its (up, down) streams; None without ``cluster.availability``."""
         if cfg is None:
             return None
         each = isinstance(cfg, tuple)
-        out = []
-        for i in range(self.learners):
-            a, key = (cfg[i], f"cluster.availability[{i}]") if each else (cfg,
-                                                                          "cluster.availability")
-            out.append(tuple(
-                delays.DelayStream(delays.make_delay(spec, key=f"{key}.{period}",
-                                                     base_dir=base_dir),
-                                   stream_rng(self.seed, stream, i), i, block=_BLOCK,
-                                   key=f"{key}.{period}")
-                for period, spec, stream in (("up", a.up, STREAM_UP),
-                                             ("down", a.down, STREAM_DOWN))))
-        return out
+        tables = [(cfg[i], f"cluster.availability[{i}]") if each else (cfg, "cluster.availability")
+                  for i in range(self.learners)]
+        up = self._streams([(a.up, f"{key}.up") for a, key in tables], STREAM_UP, base_dir)
+        down = self._streams([(a.down, f"{key}.down") for a, key in tables], STREAM_DOWN,
+                             base_dir)
+        return list(zip(up, down, strict=True))
 
     def _shared(self, cfg, link, msg_bytes) -> tuple[SharedLink | None, float]:
         nbytes = link.bytes if link.bytes is not None else (msg_bytes or 0)

@@ -69,7 +69,7 @@ from asyncsim.drivers.driver import CKPT, Driver, numerics_for, resume_from
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.protocols import Protocol, get_protocol_class
-from asyncsim.trace import Trace
+from asyncsim.trace import RESTARTS_FILE, Trace
 
 
 # ----------------------------------------------------------------------------- threads
@@ -109,8 +109,6 @@ def thread_counts(env: dict[str, str] | None = None) -> dict[str, int]:
                  if (n := _count(env.get(k))) is not None and n > 0), cpus)
     return {"xla": max(0, xla), "blas": min(blas, cpus)}
 
-
-RESTARTS = "restarts.csv"
 
 
 class RealRunError(RuntimeError):
@@ -531,7 +529,7 @@ class PSImpl:
         if self.folder is not None:
             cols = ["event", "learner", "batch", "read_version", "t_pull", "t", "version",
                     "error"]
-            runs.atomic_write_text(self.folder / RESTARTS,
+            runs.atomic_write_text(self.folder / RESTARTS_FILE,
                                    pd.DataFrame(self.restarts, columns=cols).to_csv(index=False))
         # The PS's own figures go into the one summary the driver writes (last, so a folder
         # with summary.json is complete). updates_per_s counts every update the PS applied,
