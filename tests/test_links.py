@@ -11,12 +11,12 @@ import simpy
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
-from asyncsim.timing.links import SharedLink
+from asyncsim.timing.links import Environment, SharedLink
 
 
 def finish_times(sharing: str, starts: list[tuple[float, float]], bandwidth: float = 1.0):
     """When each transfer (start time, bytes) ends, and the order the events fired."""
-    env = simpy.Environment()
+    env = Environment()
     link = SharedLink(env, bandwidth, sharing)
     ends: dict[int, float] = {}
     order: list[int] = []
@@ -158,7 +158,7 @@ def test_fair_sharing_of_transfers_of_different_sizes_is_exact():
 def test_fair_sharing_ends_at_large_simulated_times():
     # At t ~ 1e4 the rounding of the time moves the virtual clock by more than a byte
     # tolerance: the transfer that a wake-up was set for must end then, not wait forever.
-    env = simpy.Environment(initial_time=8000.0)
+    env = Environment(initial_time=8000.0)
     link = SharedLink(env, 1.25e9, "fair")
     done = []
 
@@ -204,3 +204,108 @@ def test_shared_links_are_refused_where_nothing_models_them():
         check_supported(load_scenario({"cluster": {"learners": 2, "network": {
             "ps_egress": {"bandwidth": 1e6}}}}))
     assert "cluster.network.ps_egress" in str(e.value) and "real network" in str(e.value)
+
+
+class _Const:
+    """A learner's link of fixed time (timing.cluster's links have this ``next``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def next(self, now):
+        return self.value
+
+
+def test_a_message_crosses_the_learners_link_and_the_interface_in_order():
+    # 1 B/s, fair. B pulls 1 B at 0: the interface, then B's own link (0.25 s). A pushes
+    # 1 B at 0: its own link first (0.5 s), then the interface. B is alone until 0.5 (0.5 B
+    # left), then both move at 0.5 B/s: B leaves the interface at 1.5 and reaches its
+    # learner at 1.75; A has 0.5 B left at 1.5, alone: 2.0.
+    env = Environment()
+    link = SharedLink(env, 1.0, "fair")
+    ends = {}
+
+    def pull():
+        yield link.transfer(1.0, _Const(0.25), 0.0)
+        ends["B"] = env.now
+
+    def push():
+        yield link.transfer(1.0, before=0.5)
+        ends["A"] = env.now
+
+    env.process(pull())
+    env.process(push())
+    env.run()
+    assert ends == pytest.approx({"B": 1.75, "A": 2.0})
+
+
+def _one_goes_down(down_at: float, before: float | None):
+    """Two 1 B transfers over a 1 B/s fair link from t = 0; the first's learner goes down at
+    ``down_at`` (its process interrupted). Returns the second's end and whether the first
+    was still crossing when the second ended."""
+    env = Environment()
+    link = SharedLink(env, 1.0, "fair")
+    out = {}
+
+    def first():
+        try:
+            yield link.transfer(1.0, before=before)
+            out["first"] = env.now
+        except simpy.Interrupt:
+            pass
+
+    def second():
+        yield link.transfer(1.0)
+        out["second"] = env.now
+        out["crossing"] = link.in_progress
+
+    p = env.process(first())
+    env.process(second())
+
+    def down():
+        yield env.timeout(down_at)
+        p.interrupt("down")
+
+    env.process(down())
+    env.run()
+    return out
+
+
+def test_a_learner_down_on_its_own_link_sends_nothing_one_down_while_crossing_keeps_its_share():
+    # Down at 0.25 while its message is still on its own link (0.5 s): the message never
+    # reaches the interface, so the other one crosses alone: 1.0.
+    out = _one_goes_down(0.25, before=0.5)
+    assert out == {"second": pytest.approx(1.0), "crossing": 0}
+    # Down at 0.25 while its message crosses the interface: it keeps its share (the
+    # interface learns of the loss only when it would have ended): both end at 2.0, and
+    # nobody is told of the first.
+    out = _one_goes_down(0.25, before=None)
+    assert out == {"second": pytest.approx(2.0), "crossing": 0}
+    # Pushed at 0.5 after its own link, then down at 0.75 while crossing: the other has
+    # 0.5 B left at 0.5, shares until it ends at 1.5, the first still crossing then.
+    out = _one_goes_down(0.75, before=0.5)
+    assert out == {"second": pytest.approx(1.5), "crossing": 1}
+
+
+def test_wake_ups_take_their_turn_among_the_events_as_timeouts_would():
+    # The environment's second queue (the links' wake-ups) and its events interleave by
+    # (time, order of scheduling), as if every wake-up were a timeout.
+    env = Environment()
+    order = []
+
+    def mark(name):
+        return lambda _: order.append((name, env.now))
+
+    env.timeout(1.0).callbacks.append(mark("timeout 1"))
+    env.call_at(1.0, lambda arg: order.append((arg, env.now)), "call 1")
+    env.timeout(1.0).callbacks.append(mark("timeout 2"))
+    env.call_at(0.5, lambda arg: order.append((arg, env.now)), "call 0")
+    assert env.peek() == 0.5
+    env.run()
+    assert order == [("call 0", 0.5), ("timeout 1", 1.0), ("call 1", 1.0), ("timeout 2", 1.0)]
+
+
+def test_fair_sharing_needs_the_environment_with_the_wake_up_queue():
+    with pytest.raises(TypeError, match="Environment"):
+        SharedLink(simpy.Environment(), 1.0, "fair")
+    assert SharedLink(simpy.Environment(), 1.0, "fifo").sharing == "fifo"

@@ -33,7 +33,7 @@ import simpy
 from asyncsim.config import Scenario
 from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
-from asyncsim.timing.links import SharedLink
+from asyncsim.timing.links import Environment, SharedLink
 from asyncsim.timing.protocols import Protocol, get_protocol_class, timing_revision
 from asyncsim.trace import DOWN_COLUMNS, GRAD_COLUMNS, UPDATE_COLUMNS, Trace
 
@@ -97,7 +97,7 @@ class Simulation:
                  on_update: OnUpdate | None = None, track_reads: bool = False):
         self.scenario = scenario
         self.seed = scenario.timing_seed
-        self.env = simpy.Environment()
+        self.env = Environment()
         c = scenario.cluster
         self.learners = c.learners
         self.proto: Protocol = get_protocol_class(scenario.protocol.kind)(
@@ -233,6 +233,11 @@ class Simulation:
         ps = self.ps
         track = self.track_reads
         egress, ingress = self.egress, self.ingress
+        # A fair interface takes the learner's link with the transfer (fewer events: it is
+        # the costly discipline); FIFO's transfer is one timeout, the links timed as without.
+        fair_out = egress is not None and egress.sharing == "fair"
+        fair_in = ingress is not None and ingress.sharing == "fair"
+        then_pull = None if pull is _Zero else pull
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
@@ -251,16 +256,24 @@ class Simulation:
                 t_pull = env.now
                 if track:
                     self.read_refs[read] = self.read_refs.get(read, 0) + 1
-                if egress is not None:  # the weights leave through the PS's shared interface
-                    yield egress.transfer(self.pull_bytes)
-                if pull is not _Zero:
-                    yield timeout(pull.next(t_pull))
+                if fair_out:  # the weights leave through the PS's shared interface, then
+                    # the learner's link: one event (timing/links.py)
+                    yield egress.transfer(self.pull_bytes, then_pull, t_pull)
+                else:
+                    if egress is not None:
+                        yield egress.transfer(self.pull_bytes)
+                    if pull is not _Zero:
+                        yield timeout(pull.next(t_pull))
                 yield timeout(comp(env.now))
                 t_push = env.now
-                if push is not _Zero:
-                    yield timeout(push.next(t_push))
-                if ingress is not None:  # the gradient enters through it
-                    yield ingress.transfer(self.push_bytes)
+                if fair_in:  # the gradient crosses the learner's link, then enters the PS's
+                    yield ingress.transfer(self.push_bytes, before=None if push is _Zero
+                                           else push.next(t_push))
+                else:
+                    if push is not _Zero:
+                        yield timeout(push.next(t_push))
+                    if ingress is not None:
+                        yield ingress.transfer(self.push_bytes)
                 if ps is not None:
                     with ps.request() as req:
                         yield req

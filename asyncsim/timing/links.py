@@ -10,47 +10,152 @@ that interface, in one direction:
 * ``sharing = "fair"``: processor sharing -- the n transfers in progress each get
   ``bandwidth / n``; when one starts or ends, the others' rates change.
 
+A pushed gradient crosses the learner's own link, then the interface; pulled weights cross
+the interface, then the learner's link (store and forward). :meth:`SharedLink.transfer`
+takes the learner's link with it, so a message is one event its learner waits on, not two.
+
 Determinism: the bytes given to each transfer are advanced in float64 at every start and
 end; transfers left with at most 1e-9 of their size at the same instant end together, in
 the order they started (so their SimPy events fire, and their learners go on, in that
-order). Nothing here draws a random number: adding a shared link changes no compute or link
-draw.
+order). Nothing here draws a random number, and a learner's link draws its time when the
+message reaches it, as if the learner timed it: adding a shared link changes no compute or
+link draw.
 
 A transfer cannot be withdrawn: when its learner goes down (``cluster.availability``), a
 message queued at or crossing the interface still takes its share until it would have ended
--- the interface learns of the loss only then.
+-- the interface learns of the loss only then; one still on the learner's link before the
+interface never reaches it.
 """
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 
 import simpy
+from simpy.core import EmptySchedule, StopSimulation
+from simpy.events import NORMAL, Event, EventPriority
 
-__all__ = ["SharedLink"]
+__all__ = ["Environment", "FairLink", "FifoLink", "SharedLink"]
 
 _TOL = 1e-9  # of a transfer's bytes: remaining below this counts as done (float rounding)
 
 
+class Environment(simpy.Environment):
+    """A SimPy environment with a second queue for the shared links' wake-ups.
+
+    A fair link wakes up when its first transfer would end, and a pushed message reaches the
+    interface when it is off its learner's link; a transfer that starts meanwhile postpones
+    the first end, so many wake-ups come early. As SimPy timeouts, nobody waiting on them,
+    each cost an event object and its callbacks (benchmarks/bench_links.py); here they are
+    plain tuples ``(time, NORMAL, eid, call, arg)`` numbered from the environment's own event
+    counter, so they take their turn among the events exactly as timeouts scheduled then
+    would (the same traces, to the bit). Without them it steps as SimPy does.
+    """
+
+    def __init__(self, initial_time: float = 0):
+        super().__init__(initial_time)
+        self._wakes: list[tuple] = []
+
+    def call_at(self, delay: float, call, arg) -> None:
+        """``call(arg)`` in ``delay``, in its turn among the events (a timeout without an
+        event: nothing can wait on it)."""
+        heappush(self._wakes, (self._now + delay, NORMAL, next(self._eid), call, arg))
+
+    def peek(self) -> float:
+        t = super().peek()
+        return min(t, self._wakes[0][0]) if self._wakes else t
+
+    def step(self) -> None:
+        w = self._wakes
+        queue = self._queue
+        if w and (not queue or w[0] < queue[0]):  # eids differ: never a tie
+            self._now, _, _, call, arg = heappop(w)
+            call(arg)
+            return
+        # simpy.Environment.step (4.1), inline: this is the simulation's innermost loop.
+        try:
+            self._now, _, _, event = heappop(queue)
+        except IndexError:
+            raise EmptySchedule from None
+        callbacks, event.callbacks = event.callbacks, None
+        try:
+            for callback in callbacks:
+                callback(event)
+        except StopSimulation:
+            event.callbacks = callbacks[callbacks.index(callback) + 1:]
+            self.schedule(event, EventPriority(-1))
+            raise
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
+
+
 class SharedLink:
-    """One direction of the PS's interface: ``transfer(nbytes)`` is a SimPy event that
+    """One direction of the PS's interface. ``SharedLink(env, bandwidth, sharing)`` is a
+    :class:`FifoLink` or a :class:`FairLink`; ``transfer(nbytes)`` is a SimPy event that
     fires when ``nbytes`` have crossed it.
 
-    Fair sharing keeps a virtual clock, the bytes each transfer in progress has been given,
-    ``V(t) = integral of bandwidth / n(t) dt``: a transfer started at ``V0`` with ``b`` bytes
-    ends when ``V`` reaches ``V0 + b``, so the transfers form a heap by that target and an
-    event costs O(log n), not O(n). One wake-up is pending at a time; a transfer that starts
-    meanwhile slows the others, so the pending wake-up may come early and then just
-    schedules the next one; a transfer that ends before the others supersedes it."""
+    Args:
+        env: the simulation's :class:`Environment` (fair sharing needs its wake-up queue).
+        bandwidth: bytes per time unit.
+        sharing: ``"fair"`` | ``"fifo"``.
+    """
 
-    def __init__(self, env: simpy.Environment, bandwidth: float, sharing: str):
-        if sharing not in ("fair", "fifo"):
-            raise ValueError(f"sharing must be 'fair' or 'fifo', got {sharing!r}")
+    sharing = ""
+
+    def __new__(cls, env: simpy.Environment, bandwidth: float, sharing: str | None = None):
+        if cls is SharedLink:
+            if sharing not in _SHARING:
+                raise ValueError(f"sharing must be 'fair' or 'fifo', got {sharing!r}")
+            cls = _SHARING[sharing]
+        return super().__new__(cls)
+
+    def __init__(self, env: simpy.Environment, bandwidth: float, sharing: str | None = None):
         self.env = env
         self.bandwidth = float(bandwidth)
-        self.sharing = sharing
-        self._free_at = 0.0  # fifo: when the interface is free again
-        self._heap: list[tuple[float, int, float, simpy.Event]] = []  # (target, seq, b, ev)
+
+
+class FifoLink(SharedLink):
+    """``sharing = "fifo"``: one transfer at a time at the full bandwidth, in arrival order
+    (a queue with one server, computed without a process: a transfer is one timeout)."""
+
+    sharing = "fifo"
+
+    def __init__(self, env: simpy.Environment, bandwidth: float, sharing: str | None = None):
+        super().__init__(env, bandwidth)
+        self._free_at = 0.0  # when the interface is free again
+
+    def transfer(self, nbytes: float) -> simpy.Event:
+        env = self.env
+        if nbytes <= 0:
+            return env.timeout(0.0)
+        # This transfer starts when the ones before it have ended.
+        start = max(env._now, self._free_at)
+        self._free_at = start + nbytes / self.bandwidth
+        return env.timeout(self._free_at - env._now)
+
+
+class FairLink(SharedLink):
+    """``sharing = "fair"``: processor sharing.
+
+    It keeps a virtual clock, the bytes each transfer in progress has been given,
+    ``V(t) = integral of bandwidth / n(t) dt``: a transfer started at ``V0`` with ``b`` bytes
+    ends when ``V`` reaches ``V0 + b``, so the transfers form a heap by that target and an
+    event costs O(log n), not O(n). One wake-up is pending at a time (in the
+    :class:`Environment`'s wake-up queue); a transfer that starts meanwhile slows the
+    others, so the pending wake-up may come early and then just schedules the next one; a
+    transfer that ends before the others supersedes it.
+    """
+
+    sharing = "fair"
+
+    def __init__(self, env: Environment, bandwidth: float, sharing: str | None = None):
+        if not isinstance(env, Environment):
+            raise TypeError("fair sharing needs an asyncsim.timing.links.Environment")
+        super().__init__(env, bandwidth)
+        # (target, seq, bytes, event, the learner's link after the interface, its t0)
+        self._heap: list[tuple] = []
         self._seq = 0
         self._v = 0.0  # the virtual clock V, as of time self._t
         self._t = 0.0
@@ -58,39 +163,60 @@ class SharedLink:
         self._early = False  # a transfer started since, so it comes early
         self._gen = 0  # the current wake-up (a superseded one is ignored)
 
-    def transfer(self, nbytes: float) -> simpy.Event:
+    @property
+    def in_progress(self) -> int:
+        """Transfers under way."""
+        return len(self._heap)
+
+    def transfer(self, nbytes: float, then=None, t0: float = 0.0, *,
+                 before: float | None = None) -> simpy.Event:
+        """The event "``nbytes`` have crossed": first ``before`` time units on the learner's
+        own link (a push), then the interface, then ``then.next(t0)`` on the learner's
+        link (a pull; drawn when the message leaves the interface, if its learner still
+        waits: as the learner would have drawn it)."""
         env = self.env
-        if nbytes <= 0:
-            return env.timeout(0.0)
-        if self.sharing == "fifo":
-            # One at a time in arrival order: this transfer starts when the ones before it
-            # have ended (a queue with one server, computed without a process).
-            start = max(env.now, self._free_at)
-            self._free_at = start + nbytes / self.bandwidth
-            return env.timeout(self._free_at - env.now)
-        self._advance()
-        ev = env.event()
-        item = (self._v + float(nbytes), self._seq, float(nbytes), ev)
-        heapq.heappush(self._heap, item)
+        ev = Event(env)
+        args = (float(nbytes), ev, then, t0)
+        if before is not None:
+            # The learner's link first: the transfer starts then.
+            env.call_at(before, self._hop, args)
+        elif nbytes > 0:
+            self._start(args)
+        else:
+            self._leave(ev, then, t0)
+        return ev
+
+    def _hop(self, args: tuple) -> None:
+        # Off the learner's link; one that went down meanwhile sends nothing.
+        if args[1].callbacks:
+            self._start(args)
+
+    def _start(self, args: tuple) -> None:
+        nbytes = args[0]
+        now = self.env._now
+        heap = self._heap
+        if heap and now > self._t:  # the virtual clock, advanced to now
+            self._v += (now - self._t) * self.bandwidth / len(heap)
+        self._t = now
+        item = (self._v + nbytes, self._seq, *args)  # (.., bytes, event, then, t0)
+        heappush(heap, item)
         self._seq += 1
-        if not self._pending or self._heap[0] is item:
+        if not self._pending or heap[0] is item:
             # Nothing scheduled, or this one ends first (a smaller transfer): wake for it.
             self._schedule()
         else:
             # It slows the others: the pending wake-up now comes early (and reschedules).
             self._early = True
-        return ev
 
-    @property
-    def in_progress(self) -> int:
-        """Transfers under way (fair sharing)."""
-        return len(self._heap)
-
-    def _advance(self) -> None:
-        now = self.env.now
-        if self._heap and now > self._t:
-            self._v += (now - self._t) * self.bandwidth / len(self._heap)
-        self._t = now
+    def _leave(self, ev: Event, then, t0: float) -> None:
+        """The message has crossed the interface: on to the learner's link, if any."""
+        env = self.env
+        if then is None:  # ev.succeed(), without its checks: a transfer ends once
+            ev._ok, ev._value = True, None
+            heappush(env._queue, (env._now, NORMAL, next(env._eid), ev))
+        elif ev.callbacks:  # its learner still waits (else it went down: nothing to time)
+            ev._ok, ev._value = True, None
+            heappush(env._queue, (env._now + then.next(t0), NORMAL, next(env._eid), ev))
 
     def _schedule(self) -> None:
         self._gen += 1
@@ -101,26 +227,49 @@ class SharedLink:
             return
         self._pending = True
         left = heap[0][0] - self._v
-        gen = self._gen
-        wake = self.env.timeout((left if left > 0.0 else 0.0) * len(heap) / self.bandwidth)
-        wake.callbacks.append(lambda _ev: self._wake(gen))
+        env = self.env
+        heappush(env._wakes, (env._now + (left if left > 0.0 else 0.0) * len(heap)
+                              / self.bandwidth, NORMAL, next(env._eid), self._wake,
+                              self._gen))
 
     def _wake(self, gen: int) -> None:
         if gen != self._gen:
             return  # superseded: a transfer that ends sooner started since
-        self._advance()
-        heap = self._heap
-        if not self._early:
+        env = self.env
+        now = env._now
+        heap = self._heap  # not empty: a wake-up is set only for a transfer under way
+        bw = self.bandwidth
+        v = self._v
+        if now > self._t:
+            v += (now - self._t) * bw / len(heap)
+        self._t = now
+        head = heap[0]
+        if not self._early and v < head[0]:
             # Nothing started since this wake-up was set for the first transfer to end: it
             # ends now, whatever the last bits of the clocks say (at large times, rounding of
             # the time moves V by more than any byte tolerance; waiting for it never ends).
-            self._v = max(self._v, heap[0][0])
-        v = self._v
-        done = []
-        while heap and heap[0][0] - v <= _TOL * heap[0][2]:
-            done.append(heapq.heappop(heap))
-        if len(done) > 1:
-            done.sort(key=lambda d: d[1])  # ending together: in the order they started
-        for d in done:
-            d[3].succeed()
-        self._schedule()
+            v = head[0]
+        self._v = v
+        if head[0] - v <= _TOL * head[2]:
+            heappop(heap)
+            if heap and heap[0][0] - v <= _TOL * heap[0][2]:
+                done = [head]
+                while heap and heap[0][0] - v <= _TOL * heap[0][2]:
+                    done.append(heappop(heap))
+                done.sort(key=lambda d: d[1])  # ending together: in the order they started
+                for d in done:
+                    self._leave(d[3], d[4], d[5])
+            else:
+                self._leave(head[3], head[4], head[5])
+        # The next wake-up (_schedule, inline: this is a fair link's hot path).
+        self._gen = gen = gen + 1
+        self._early = False
+        if heap:
+            left = heap[0][0] - v
+            heappush(env._wakes, (now + (left if left > 0.0 else 0.0) * len(heap) / bw,
+                                  NORMAL, next(env._eid), self._wake, gen))
+        else:
+            self._pending = False
+
+
+_SHARING = {"fifo": FifoLink, "fair": FairLink}
