@@ -10,15 +10,19 @@ the CPU in well under two minutes, tested in tests/test_bench_gpu.py):
    read versions already exist, as a replay's version store holds them);
 2. an online run (30-softsync, lambda = 30, mu = 4) / the plain jitted mu = 4 SGD loop over
    the same samples;
-3. replay of that run's trace: the loop path and the compiled-scan path;
+3. replay of that run's trace: the loop path, the compiled-scan path, and the batched path
+   (``drivers/batched.py``: the gradients of many updates per call, vmapped over the
+   versions they read) at several gradients per call, as a fraction of the loop's time --
+   where it drops below 1 is the crossover;
 4. a 16-point learning-rate sweep over the trace in one vmapped program / 16 loop replays;
 5. peak memory: the device's peak bytes in use where the backend reports it (GPU), else the
    process's max RSS;
 6. the projection: the P1-F3 paper profile (``scenarios/p1_f3_lr_modulation.toml --profile
    paper``: its points, epochs, train-set size and mu, read from the file) needs
    ``points x epochs x n_train / mu`` gradients; at row 2's online rate that is the wall time
-   below, and at row 1's fastest rate a lower bound for a driver that batched every
-   gradient that way. Evaluations and compilation are not included.
+   below; at the best batched replay's rate (a sweep's points replay one shared trace);
+   and at row 1's fastest rate a lower bound for a driver that batched every gradient that
+   way. Evaluations and compilation are not included.
 
     python benchmarks/bench_gpu.py [--tiny]
 
@@ -40,6 +44,7 @@ import numpy as np  # noqa: E402
 from _util import best, best_interleaved, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
 from asyncsim.api import run, simulate  # noqa: E402
+from asyncsim.drivers.batched import replay_batched  # noqa: E402
 from asyncsim.drivers.replay import replay  # noqa: E402
 from asyncsim.drivers.scan import replay_scan  # noqa: E402
 from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
@@ -48,10 +53,11 @@ from asyncsim.scenario import load_scenario, point_scenarios  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
-# (model, learners, samples of the online epoch, gradients timed one by one, K versions)
+# (model, learners, samples of the online epoch, gradients timed one by one, K versions,
+#  the batched replay's gradients per call)
 SIZES = {
-    "full": ({"name": "cifar10-full"}, 30, 12_800, 2_000, 64),
-    "tiny": ({"name": "mlp", "hidden": [16], "input_pool": 4}, 6, 480, 200, 8),
+    "full": ({"name": "cifar10-full"}, 30, 12_800, 2_000, 64, (8, 32, 64)),
+    "tiny": ({"name": "mlp", "hidden": [16], "input_pool": 4}, 6, 480, 200, 8, (2, 8)),
 }
 MU = 4
 
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--tiny", action="store_true", help="toy size, on whatever JAX runs on")
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
-    model, lam, samples, grads, k = SIZES["tiny" if a.tiny else "full"]
+    model, lam, samples, grads, k, batches = SIZES["tiny" if a.tiny else "full"]
     t_start = time.perf_counter()
     print(f"backend: {jax.default_backend()} ({jax.devices()[0].device_kind}); model "
           f"{model['name']}, mu = {MU}, lambda = {lam}")
@@ -163,6 +169,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                          a.repeat)
     report("replay loop (s)", t["loop"])
     report("replay scan (s)", t["scan"])
+    # The batched path: the gradients of many updates per call (drivers/batched.py); where
+    # it overtakes the loop is the crossover this row measures.
+    for kb in batches:
+        replay_batched(scn, trace, batch=kb, numerics=snum)
+    t = best_interleaved({kb: (lambda kb=kb: replay_batched(scn, trace, batch=kb,
+                                                            numerics=snum).params)
+                          for kb in batches}, a.repeat)
+    for kb in batches:
+        report(f"replay batched, {kb} gradients per call / loop (time)",
+               t[kb] / rows["replay loop (s)"])
+    batched_rate = trace.num_gradients / min(t.values())
 
     hypers = [{"lr": float(x)} for x in np.geomspace(1e-4, 1e-2, 16)]
     replay_vmapped(scn, trace, hypers, numerics=snum)
@@ -174,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     fastest = max(v for name, v in rows.items() if name.startswith("gradients/s"))
     report("P1-F3 paper profile, projected at the online rate (h)",
            total / rows["online gradients/s"] / 3600)
+    report("P1-F3 paper profile, projected at the batched rate (h)",
+           total / batched_rate / 3600)
     report("P1-F3 paper profile, bound at the fastest gradient rate (h)", total / fastest / 3600)
     print(f"{'peak memory':<{width}}  {device_peak()}")
     print(f"(P1-F3 paper profile: {n_points} runs, {total:,} gradients of mu = {MU} in all, "

@@ -11,9 +11,9 @@ and the sharing code does real work), FIFO and fair (processor sharing); and lea
 come and go (``cluster.availability``: exponential up periods of mean 50 and down periods of
 mean 10 compute times, so a sixth of the time is down and gradients are lost), alone and with
 each shared interface; and fair sharing at 10x that bandwidth (the interface a tenth
-loaded: fewer transfers overlap). Reports gradients per CPU second of this process (its CPU time, not
-the wall clock: other work on the machine then moves the ratios less) and the ratios to the
-timed private links.
+loaded: fewer transfers overlap). Reports gradients per CPU second of this process (its CPU
+time, not the wall clock: other work on the machine then moves the ratios less) and the
+ratios to the timed private links.
 
     python benchmarks/bench_links.py [--gradients 200000] [--repeat 5]
 """

@@ -20,7 +20,10 @@ def test_bench_gpu_tiny_prints_every_row(capsys):
     for name in ("gradients/s, one by one", "gradients/s, grouped by version",
                  "gradients/s, vmapped over 8 versions", "online / plain SGD (time)",
                  "replay loop (s)", "replay scan (s)", "16-point vmapped sweep / 16 loop replays",
-                 "P1-F3 paper profile, projected at the online rate (h)"):
+                 "replay batched, 2 gradients per call / loop (time)",
+                 "replay batched, 8 gradients per call / loop (time)",
+                 "P1-F3 paper profile, projected at the online rate (h)",
+                 "P1-F3 paper profile, projected at the batched rate (h)"):
         assert name in out and math.isfinite(rows[name]) and rows[name] > 0, name
     assert "peak memory" in out
     # The projection is the profile's gradients over the measured rate, both read here.

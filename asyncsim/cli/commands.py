@@ -185,9 +185,10 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
         # What the last bits depend on differs (docs/real.md: the thread counts).
         return line + (" (this machine differs from the source run's in what the last bits "
                        f"depend on: {'; '.join(summary['environment_changes'])})")
-    if summary.get("replay_path") == "scan":
-        return line + (" (the scan path agrees with the loop to floating-point tolerance, "
-                       "not bit for bit; --path loop reproduces the hash)")
+    if summary.get("replay_path") in ("scan", "batched"):
+        return line + (f" (the {summary['replay_path']} path agrees with the loop to "
+                       "floating-point tolerance, not bit for bit; --path loop reproduces "
+                       "the hash)")
     return line + (" (the loop path is bit-identical only on the machine and package versions "
                    "that recorded the run: see its provenance.json)")
 

@@ -82,9 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "run.eval_every); the trace fixes the timing")
     p.add_argument("--force", action="store_true", help="overwrite an existing replay folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
-    p.add_argument("--path", choices=("loop", "scan", "auto"), default="loop",
+    p.add_argument("--path", choices=("loop", "scan", "batched", "auto"), default="loop",
                    help="loop: jitted steps in a Python loop (bit-exact with online runs); "
-                        "scan: chunks of updates in one lax.scan; auto: measure, then pick")
+                        "scan: chunks of updates in one lax.scan; batched: the gradients of "
+                        "many updates per call (for GPUs); auto: measure loop and scan, "
+                        "then pick")
     p.set_defaults(func="commands:cmd_replay")
 
     p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")

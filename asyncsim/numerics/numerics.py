@@ -329,6 +329,66 @@ class Numerics:
                                     reads)
         return state, losses
 
+    # ------------------------------------------------------------------ batched gradients
+    def gradient_pool(self, slots: int):
+        """A device pool of ``slots`` gradients (and their batch losses), zeros: where the
+        batched path (:mod:`asyncsim.drivers.batched`) keeps gradients computed before the
+        update that takes them."""
+        shapes = jax.eval_shape(self.model.init, jax.random.PRNGKey(0))
+        return (jax.tree_util.tree_map(lambda s: jnp.zeros((slots, *s.shape), s.dtype),
+                                       shapes), jnp.zeros(slots, jnp.float32))
+
+    def grads_into(self, pool, reads: Sequence[Any], learners: np.ndarray,
+                   batches: np.ndarray, slots: np.ndarray):
+        """The gradients of K rows in one call -- row k at the parameters ``reads[k]`` (the
+        version it read), learner ``learners[k]``, batch ``batches[k]`` -- written to pool
+        slots ``slots[k]``: one program vmapped over the versions (the same per-row
+        arithmetic as :attr:`grad`, batched, so equal to it to rounding, not bit for bit).
+        Returns the new pool."""
+        return self._grads_into(pool, tuple(reads), self.x_train, self.y_train,
+                                np.asarray(learners, np.int32), np.asarray(batches, np.int32),
+                                np.asarray(slots, np.int32))
+
+    def apply_pooled(self, state: CoreState, pool, version: int, rows: Sequence[Row],
+                     slots: np.ndarray, versions: dict[int, Any] | None = None):
+        """Apply update ``version`` taking ``rows`` whose gradients are in pool ``slots``
+        (one per row, in order), with the update core; returns the state and the rows'
+        batch losses."""
+        return self._apply_pooled(state, pool, np.asarray(slots, np.int32),
+                                  np.asarray([r[3] for r in rows], np.int32),
+                                  np.asarray([r[0] for r in rows], np.int32),
+                                  np.int32(version), self.reads(versions or {}, rows))
+
+    @functools.cached_property
+    def _grads_into(self):
+        vone = jax.vmap(self.programs.one, in_axes=(0, None, None, 0, 0))
+
+        def grads_into(pool, reads, x_all, y_all, learners, batches, slots):
+            params = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *reads)
+            loss, g = vone(params, x_all, y_all, learners, batches)
+            grads, losses = pool
+            return (jax.tree_util.tree_map(lambda p, a: p.at[slots].set(a), grads, g),
+                    losses.at[slots].set(loss))
+
+        # The pool is updated in place where the backend can (not on CPU, which would
+        # only warn that it cannot).
+        donate = () if jax.default_backend() == "cpu" else (0,)
+        return jax.jit(grads_into, donate_argnums=donate)
+
+    @functools.cached_property
+    def _apply_pooled(self):
+        core_apply = self.core.apply
+
+        def apply_pooled(state, pool, slots, staleness, learners, step, reads):
+            grads, losses = pool
+            taken = jax.tree_util.tree_map(lambda p: p[slots], grads)
+            read_params = (jax.tree_util.tree_map(lambda *a: jnp.stack(a), *reads)
+                           if reads else None)
+            return core_apply(state, taken, staleness=staleness, learner_ids=learners,
+                              step=step, read_params=read_params), losses[slots]
+
+        return jax.jit(apply_pooled)
+
     def reads(self, versions: dict[int, Any], rows: Sequence[Row]) -> tuple:
         """The read versions' parameters the update programs take with ``rows``: one per
         row under delay compensation, else none."""
