@@ -27,7 +27,7 @@ from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers import online
 from asyncsim.drivers import replay as loop
-from asyncsim.drivers.batched import replay_batched
+from asyncsim.drivers.batched import DEFAULT_BATCH
 from asyncsim.drivers.choose import choose_path
 from asyncsim.drivers.driver import RunResult, load_params, numerics_for
 from asyncsim.drivers.plugins import registries as _registries
@@ -171,8 +171,8 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
         return replay(scn, trace, out=out, force=force, progress=progress, numerics=num,
                       compare=compare)
     if path == "batched":
-        return replay_batched(scn, trace, out=out, force=force, progress=progress,
-                              monitor=monitor_for(scn), numerics=num, compare=compare)
+        return replay(scn, trace, out=out, force=force, progress=progress, numerics=num,
+                      compare=compare, batch=DEFAULT_BATCH)
     raise ValueError(f"path must be loop, scan, batched or auto, got {path!r}")
 
 

@@ -44,7 +44,6 @@ import numpy as np  # noqa: E402
 from _util import best, best_interleaved, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
 from asyncsim.api import run, simulate  # noqa: E402
-from asyncsim.drivers.batched import replay_batched  # noqa: E402
 from asyncsim.drivers.replay import replay  # noqa: E402
 from asyncsim.drivers.scan import replay_scan  # noqa: E402
 from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
@@ -172,9 +171,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # The batched path: the gradients of many updates per call (drivers/batched.py); where
     # it overtakes the loop is the crossover this row measures.
     for kb in batches:
-        replay_batched(scn, trace, batch=kb, numerics=snum)
-    t = best_interleaved({kb: (lambda kb=kb: replay_batched(scn, trace, batch=kb,
-                                                            numerics=snum).params)
+        replay(scn, trace, batch=kb, numerics=snum)
+    t = best_interleaved({kb: (lambda kb=kb: replay(scn, trace, batch=kb,
+                                                    numerics=snum).params)
                           for kb in batches}, a.repeat)
     for kb in batches:
         report(f"replay batched, {kb} gradients per call / loop (time)",

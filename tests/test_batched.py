@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from asyncsim.api import replay_folder, run, simulate
-from asyncsim.drivers.batched import call_sizes, pool_slots, replay_batched
+from asyncsim.drivers.batched import call_sizes, pool_slots
 from asyncsim.drivers.replay import ReplayMemoryError, replay
 from asyncsim.scenario import load_scenario
 
@@ -47,7 +47,7 @@ def test_the_batched_path_executes_the_loops_updates(protocol, learners, optimiz
     scn = scenario(protocol, learners=learners, optimizer=optimizer)
     trace = simulate(scn)
     loop = replay(scn, trace)
-    got = replay_batched(scn, trace, batch=batch)
+    got = replay(scn, trace, batch=batch)
     s = got.summary
     assert s["replay_path"] == "batched" and s["exact"] is False and s["replay_batch"] == batch
     assert s["updates"] == loop.summary["updates"] == trace.num_updates
@@ -71,7 +71,7 @@ def test_a_round_robin_delay_batches_every_gradient_whose_version_exists(tau, ba
     scn = scenario({"kind": "fixed-delay", "tau": tau}, learners=tau + 1, updates=61)
     trace = simulate(scn)
     assert (trace.grads["staleness"][tau:] == tau).all()
-    got = replay_batched(scn, trace, batch=batch)
+    got = replay(scn, trace, batch=batch)
     assert got.summary["replay_gradient_calls"] == math.ceil(61 / min(tau + 1, batch))
     np.testing.assert_allclose(flat(got.params), flat(replay(scn, trace).params), atol=1e-6)
 
@@ -80,7 +80,7 @@ def test_a_diverging_run_stops_where_the_loop_stops():
     scn = scenario({"kind": "async"}, learners=4, updates=200,
                    optimizer={"lr": 3.0, "momentum": {"kind": "heavy-ball", "beta": 0.9}})
     trace = simulate(scn)
-    loop, got = replay(scn, trace), replay_batched(scn, trace, batch=16)
+    loop, got = replay(scn, trace), replay(scn, trace, batch=16)
     assert loop.summary["diverged"] and got.summary["diverged"]
     assert got.summary["diverged_at"] == loop.summary["diverged_at"]
     assert got.summary["updates"] == loop.summary["updates"]
@@ -92,14 +92,14 @@ def test_the_pool_and_the_call_sizes():
     assert pool_slots(hard, 2) == 2 * 2 + 6 + 1  # an update takes 6: more than a call
     assert pool_slots(hard, 64) == 3 * 64 + 1
     with pytest.raises(ValueError, match="batch"):
-        replay_batched(scenario({"kind": "async"}), hard, batch=0)
+        replay(scenario({"kind": "async"}), hard, batch=0)
 
 
 def test_the_pool_counts_against_max_memory():
     scn = scenario({"kind": "async"}, updates=20)
     trace = simulate(scn)
     with pytest.raises(ReplayMemoryError, match="MiB"):
-        replay_batched(scn, trace, batch=64, max_memory=1 << 16)
+        replay(scn, trace, batch=64, max_memory=1 << 16)
 
 
 def test_asyncsim_replay_path_batched(tmp_path):

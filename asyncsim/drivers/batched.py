@@ -5,13 +5,15 @@ call: the cost is the call, not the arithmetic. A replay knows the whole trace, 
 gradient's inputs are fixed when it is pulled (the version it read and its mini-batch), so a
 gradient can be computed as soon as the version it read exists, long before the update that
 applies it: in an async trace of λ learners, the next ~λ updates' gradients read versions
-that already exist. :func:`replay_batched` walks the updates in order like the loop path;
+that already exist. The replay walks the updates in order like the loop path;
 when an update needs a gradient not yet computed, it computes that one and the next
 uncomputed gradients whose read versions exist (looking up to ``2 * batch`` gradients
 ahead), up to ``batch`` of them, in one program vmapped over their read versions
 (:meth:`~asyncsim.numerics.numerics.Numerics.grads_into`), into a pool of gradients on the
 device; each update then takes its gradients from the pool through the update core
-(:meth:`~asyncsim.numerics.numerics.Numerics.apply_pooled`). The Driver records, checks,
+(:meth:`~asyncsim.numerics.numerics.Numerics.apply_pooled`). It is the loop replay
+(:func:`asyncsim.drivers.replay.replay` with ``batch=K``; ``asyncsim replay --path
+batched``) with :class:`Batched` executing its updates: the Driver records, checks,
 evaluates and stops as for every path.
 
 The arithmetic is the loop path's, batched: results agree with it to floating-point
@@ -22,26 +24,12 @@ measures it against one call per gradient for several ``batch`` sizes (where it 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from asyncsim import runs
-from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
-from asyncsim.drivers.record import start_folder
-from asyncsim.drivers.replay import (
-    DEFAULT_MAX_MEMORY,
-    Alive,
-    check_learners,
-    check_memory,
-    last_use,
-    replay_memory,
-)
+from asyncsim.drivers.driver import Driver
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.trace import Trace
@@ -67,81 +55,69 @@ def call_sizes(batch: int) -> list[int]:
     return [*sizes, batch]
 
 
-def replay_batched(scn: Scenario, trace: Trace, *, batch: int = DEFAULT_BATCH,
-                   out: str | Path | None = None, force: bool = False,
-                   numerics: Numerics | None = None, hyper: Mapping[str, float] | None = None,
-                   max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
-                   kind: str = "replay", monitor: Monitor | None = None,
-                   extra: Mapping[str, Any] | None = None,
-                   compare: Callable[[dict[str, Any], Any], Mapping[str, Any]] | None = None
-                   ) -> RunResult:
-    """Execute ``trace``'s numerics under ``scn`` with up to ``batch`` gradients per call
-    (the module docstring); the other arguments are :func:`~asyncsim.drivers.replay.replay`'s.
-    ``max_memory`` covers the parameter versions held and the gradient pool."""
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}")
-    num = numerics or numerics_for(scn)
-    n_params = num_params(jax.eval_shape(num.model.init, jax.random.PRNGKey(0)))
-    need = replay_memory(trace, n_params)
-    slots = pool_slots(trace, batch)
-    pool_bytes = slots * n_params * 4
-    check_learners(scn, trace)
-    # The pool, and a call's stacked read versions (batch of them), beside the versions.
-    check_memory(need["versions"], trace, need["bytes"] + pool_bytes + batch * n_params * 4,
-                 max_memory)
-    g = trace.grads
-    learner, bidx, read = (np.asarray(g[k]) for k in ("learner", "batch", "read_version"))
-    n = trace.num_gradients
-    sizes = call_sizes(batch)
-    with runs.opened(out, force=force) as folder:
-        start_folder(folder, scn, replay_of=trace.meta.get("source"))
-        t0 = time.perf_counter()
-        driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), monitor=monitor,
-                        checkpoints=False)
-        alive = Alive(last_use(trace))
-        pool = num.gradient_pool(slots)
-        scratch = slots - 1  # where a call's padding goes
-        slot_of = np.full(n, -1, np.int64)  # pool slot of gradient i; -1: not computed yet
-        free = list(range(scratch - 1, -1, -1))
-        calls = 0
-        if progress:
-            driver.show_progress(trace.num_updates)
-        try:
-            s = 0
-            for v, rows, now in trace.iter_updates():
-                alive.v = v
-                mine = range(s, s + len(rows))
-                if any(slot_of[i] < 0 for i in mine):
-                    # This update's missing gradients first, then the next ones whose read
-                    # version exists now (versions 0..v do), in the order they are applied.
-                    pick = [i for i in mine if slot_of[i] < 0]
-                    j, end = mine.stop, min(n, s + 2 * batch)
-                    while len(pick) < batch and j < end:
-                        if slot_of[j] < 0 and read[j] <= v:
-                            pick.append(j)
-                        j += 1
-                    for i in pick:
-                        slot_of[i] = free.pop()
-                    size = next((k for k in sizes if k >= len(pick)), len(pick))
-                    pad = size - len(pick)
-                    versions = driver.versions
-                    pool = num.grads_into(
-                        pool, [versions[read[i]] for i in pick] + [versions[read[pick[-1]]]] * pad,
-                        np.r_[learner[pick], np.full(pad, learner[pick[-1]])],
-                        np.r_[bidx[pick], np.full(pad, bidx[pick[-1]])],
-                        np.r_[slot_of[pick], np.full(pad, scratch)])
-                    calls += 1
-                taken = slot_of[mine.start:mine.stop]
-                state, losses = num.apply_pooled(driver.state, pool, v, rows, taken,
-                                                 driver.versions)
-                free.extend(taken.tolist())
-                s = mine.stop
-                if driver.applied(v, len(rows), state, losses, alive=alive, now=now) is False:
-                    break
-        finally:
-            driver.close_progress()
-        return driver.finish(trace, t0, kind=kind, extra={
-            "replay_path": "batched", "exact": False, "replay_batch": batch,
-            "replay_gradient_calls": calls, "replay_versions_held": need["versions"],
-            "replay_version_bytes": need["bytes"], "replay_pool_bytes": pool_bytes,
-            **(extra or {})}, compare=compare)
+class Batched:
+    """How a loop replay executes updates on the batched path (``replay(..., batch=K)``):
+    the device pool, which gradient sits in which slot, and the calls made."""
+
+    def __init__(self, num: Numerics, trace: Trace, batch: int = DEFAULT_BATCH):
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        self.num, self.batch = num, batch
+        n_params = num_params(jax.eval_shape(num.model.init, jax.random.PRNGKey(0)))
+        self.slots = pool_slots(trace, batch)
+        # The pool, and a call's stacked read versions (batch of them): counted by the
+        # replay's memory check beside the versions it holds.
+        self.pool_bytes = self.slots * n_params * 4
+        self.bytes = self.pool_bytes + batch * n_params * 4
+        g = trace.grads
+        self.learner, self.bidx, self.read = (np.asarray(g[k]) for k in
+                                              ("learner", "batch", "read_version"))
+        self.n = trace.num_gradients
+        self.sizes = call_sizes(batch)
+        self.pool = None  # allocated when the replay starts (after the memory check)
+        self.scratch = self.slots - 1  # where a call's padding goes
+        self.slot_of = np.full(self.n, -1, np.int64)  # gradient i's slot; -1: not computed
+        self.free = list(range(self.scratch - 1, -1, -1))
+        self.calls = 0
+        self.next = 0  # the first gradient of the next update
+
+    def update(self, driver: Driver, v: int, rows) -> tuple[Any, Any]:
+        """Execute update ``v`` (its ``rows``, the next in the trace) for ``driver``:
+        compute what it misses, and what can be computed with it, then apply it from the
+        pool. Returns the new state and the rows' batch losses."""
+        num, slot_of, read = self.num, self.slot_of, self.read
+        if self.pool is None:
+            self.pool = num.gradient_pool(self.slots)
+        s = self.next
+        mine = range(s, s + len(rows))
+        if any(slot_of[i] < 0 for i in mine):
+            # This update's missing gradients first, then the next ones whose read version
+            # exists now (versions 0..v do), in the order they are applied.
+            pick = [i for i in mine if slot_of[i] < 0]
+            j, end = mine.stop, min(self.n, s + 2 * self.batch)
+            while len(pick) < self.batch and j < end:
+                if slot_of[j] < 0 and read[j] <= v:
+                    pick.append(j)
+                j += 1
+            for i in pick:
+                slot_of[i] = self.free.pop()
+            size = next((k for k in self.sizes if k >= len(pick)), len(pick))
+            pad = size - len(pick)
+            last = pick[-1]
+            versions = driver.versions
+            self.pool = num.grads_into(
+                self.pool, [versions[read[i]] for i in pick] + [versions[read[last]]] * pad,
+                np.r_[self.learner[pick], np.full(pad, self.learner[last])],
+                np.r_[self.bidx[pick], np.full(pad, self.bidx[last])],
+                np.r_[slot_of[pick], np.full(pad, self.scratch)])
+            self.calls += 1
+        taken = slot_of[mine.start:mine.stop]
+        out = num.apply_pooled(driver.state, self.pool, v, rows, taken, driver.versions)
+        self.free.extend(taken.tolist())
+        self.next = mine.stop
+        return out
+
+    def fields(self) -> dict[str, Any]:
+        """What ``summary.json`` says of the path."""
+        return {"replay_path": "batched", "exact": False, "replay_batch": self.batch,
+                "replay_gradient_calls": self.calls, "replay_pool_bytes": self.pool_bytes}

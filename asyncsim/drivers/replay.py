@@ -25,6 +25,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim.config import Scenario
+from asyncsim.drivers.batched import Batched
 from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
 from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
@@ -114,14 +115,18 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
            max_memory: int = DEFAULT_MAX_MEMORY, progress: bool = False,
            kind: str = "replay", monitor: Monitor | None = None,
            extra: Mapping[str, Any] | None = None,
-           compare: Callable[[dict[str, Any], Any], Mapping[str, Any]] | None = None
-           ) -> RunResult:
+           compare: Callable[[dict[str, Any], Any], Mapping[str, Any]] | None = None,
+           batch: int | None = None) -> RunResult:
     """Execute ``trace``'s numerics under ``scn`` (its optimizer, model, data, seed).
 
     Args:
         hyper: overrides of the core's ``lr``, ``beta``, ``weight_decay`` for this replay.
-        max_memory: bytes of parameter versions allowed; a larger need raises
-            :class:`ReplayMemoryError` before anything is allocated.
+        max_memory: bytes of parameter versions allowed (and of the batched path's gradient
+            pool); a larger need raises :class:`ReplayMemoryError` before anything is
+            allocated.
+        batch: None (the exact loop path), or the batched path's gradients per call
+            (:mod:`asyncsim.drivers.batched`: many updates' gradients in one call, equal to
+            the loop's to rounding, not bit for bit).
         monitor: what the replay measures along the way (a
             :class:`~asyncsim.drivers.driver.Monitor`; e.g. sharpness).
         extra: more ``summary.json`` fields, written with the summary (which comes last);
@@ -130,8 +135,10 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
     num = numerics or numerics_for(scn)
     shapes = jax.eval_shape(num.model.init, jax.random.PRNGKey(0))
     need = replay_memory(trace, num_params(shapes))
+    batched = None if batch is None else Batched(num, trace, batch)
     check_learners(scn, trace)
-    check_memory(need["versions"], trace, need["bytes"], max_memory)
+    check_memory(need["versions"], trace, need["bytes"] + (batched.bytes if batched else 0),
+                 max_memory)
     with runs.opened(out, force=force) as folder:
         start_folder(folder, scn, replay_of=trace.meta.get("source"))
         t0 = time.perf_counter()
@@ -143,10 +150,17 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
         try:
             for v, rows, now in trace.iter_updates():
                 alive.v = v
-                if driver.on_update(v, rows, alive=alive, now=now) is False:
+                if batched is None:
+                    if driver.on_update(v, rows, alive=alive, now=now) is False:
+                        break
+                    continue
+                state, losses = batched.update(driver, v, rows)
+                if driver.applied(v, len(rows), state, losses, alive=alive,
+                                  now=now) is False:
                     break
         finally:
             driver.close_progress()
         return driver.finish(trace, t0, kind=kind, extra={
-            "replay_path": "loop", "replay_versions_held": need["versions"],
-            "replay_version_bytes": need["bytes"], **(extra or {})}, compare=compare)
+            **({"replay_path": "loop"} if batched is None else batched.fields()),
+            "replay_versions_held": need["versions"], "replay_version_bytes": need["bytes"],
+            **(extra or {})}, compare=compare)
