@@ -309,3 +309,43 @@ def test_fair_sharing_needs_the_environment_with_the_wake_up_queue():
     with pytest.raises(TypeError, match="Environment"):
         SharedLink(simpy.Environment(), 1.0, "fair")
     assert SharedLink(simpy.Environment(), 1.0, "fifo").sharing == "fifo"
+
+
+class _Counted(_Const):
+    """A learner's link that counts its draws."""
+
+    draws = 0
+
+    def next(self, now):
+        self.draws += 1
+        return self.value
+
+
+@pytest.mark.parametrize("down", [True, False])
+def test_a_learner_down_as_its_pull_leaves_the_interface_draws_no_link_time(down):
+    # The pull crosses a 1 B/s interface from 0 to 1.0; at 1.0 exactly the learner goes
+    # down (an interruption, which SimPy runs before the other events of that instant). As
+    # if the learner timed its own link after the interface, its link is then not drawn:
+    # a draw here would shift every later pull time of that learner.
+    env = Environment()
+    link = SharedLink(env, 1.0, "fair")
+    leg = _Counted(0.25)
+    ends = []
+
+    def learner():
+        try:
+            yield link.transfer(1.0, leg, 0.0)
+            ends.append(env.now)
+        except simpy.Interrupt:
+            pass
+
+    p = env.process(learner())
+
+    def goes_down():
+        yield env.timeout(1.0)
+        if down:
+            p.interrupt("down")
+
+    env.process(goes_down())
+    env.run()
+    assert (leg.draws, ends) == ((0, []) if down else (1, [1.25]))

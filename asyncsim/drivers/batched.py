@@ -38,11 +38,12 @@ DEFAULT_BATCH = 64  # gradients per call
 
 
 def pool_slots(trace: Trace, batch: int) -> int:
-    """Gradients the pool holds: those computed ahead and not yet applied lie within
-    ``2 * batch`` gradients of the update being applied, and a call adds at most
-    ``max(batch, c)``; one more slot takes a call's padding."""
+    """Gradients the pool holds, plus one slot for a call's padding. Those computed and not
+    yet applied lie within ``2 * batch`` gradients of the update being applied (a call
+    looks no further), or within that update's own ``c``: at most ``max(2 * batch, c)``,
+    and never more than the trace has."""
     c = int(trace.updates["n_grads"].max()) if trace.num_updates else 1
-    return 2 * batch + max(batch, c) + 1
+    return min(trace.num_gradients, max(2 * batch, c)) + 1
 
 
 def call_sizes(batch: int) -> list[int]:
@@ -65,10 +66,13 @@ class Batched:
         self.num, self.batch = num, batch
         n_params = num_params(jax.eval_shape(num.model.init, jax.random.PRNGKey(0)))
         self.slots = pool_slots(trace, batch)
-        # The pool, and a call's stacked read versions (batch of them): counted by the
-        # replay's memory check beside the versions it holds.
+        # Counted by the replay's memory check beside the versions it holds: the pool (twice
+        # where it is not updated in place: on CPU a call writes a new one), and a call's
+        # stacked read versions and its gradients (an update's c when more than batch).
+        c = int(trace.updates["n_grads"].max()) if trace.num_updates else 1
         self.pool_bytes = self.slots * n_params * 4
-        self.bytes = self.pool_bytes + batch * n_params * 4
+        self.bytes = (self.pool_bytes * (2 if jax.default_backend() == "cpu" else 1)
+                      + 2 * max(batch, c) * n_params * 4)
         g = trace.grads
         self.learner, self.bidx, self.read = (np.asarray(g[k]) for k in
                                               ("learner", "batch", "read_version"))

@@ -189,7 +189,10 @@ class FairLink(SharedLink):
     def _hop(self, args: tuple) -> None:
         # Off the learner's link; one that went down meanwhile sends nothing.
         if args[1].callbacks:
-            self._start(args)
+            if args[0] > 0:
+                self._start(args)
+            else:
+                self._leave(*args[1:])
 
     def _start(self, args: tuple) -> None:
         nbytes = args[0]
@@ -209,12 +212,22 @@ class FairLink(SharedLink):
             self._early = True
 
     def _leave(self, ev: Event, then, t0: float) -> None:
-        """The message has crossed the interface: on to the learner's link, if any."""
+        """The message has crossed the interface now: its event fires, or it goes on to the
+        learner's link -- at the turn the event would have had, so that an interruption
+        at this instant (a learner going down) comes first, as it would for the event."""
         env = self.env
         if then is None:  # ev.succeed(), without its checks: a transfer ends once
             ev._ok, ev._value = True, None
             heappush(env._queue, (env._now, NORMAL, next(env._eid), ev))
-        elif ev.callbacks:  # its learner still waits (else it went down: nothing to time)
+        else:
+            heappush(env._wakes, (env._now, NORMAL, next(env._eid), self._leg, (ev, then, t0)))
+
+    def _leg(self, args: tuple) -> None:
+        """On the learner's link after the interface: drawn, as the learner would, only if
+        it still waits (one that went down sends nothing further)."""
+        ev, then, t0 = args
+        if ev.callbacks:
+            env = self.env
             ev._ok, ev._value = True, None
             heappush(env._queue, (env._now + then.next(t0), NORMAL, next(env._eid), ev))
 
@@ -250,6 +263,7 @@ class FairLink(SharedLink):
             # the time moves V by more than any byte tolerance; waiting for it never ends).
             v = head[0]
         self._v = v
+        leg = None
         if head[0] - v <= _TOL * head[2]:
             heappop(heap)
             if heap and heap[0][0] - v <= _TOL * heap[0][2]:
@@ -259,6 +273,12 @@ class FairLink(SharedLink):
                 done.sort(key=lambda d: d[1])  # ending together: in the order they started
                 for d in done:
                     self._leave(d[3], d[4], d[5])
+            elif head[4] is not None and (not env._queue or env._queue[0][0] > now) and (
+                    not env._wakes or env._wakes[0][0] > now):
+                # Nothing else happens at this instant: its turn would come right after
+                # this wake-up (and the next one, set below, would follow it), so the leg
+                # is taken then, here, without a trip through the queue.
+                leg = head
             else:
                 self._leave(head[3], head[4], head[5])
         # The next wake-up (_schedule, inline: this is a fair link's hot path).
@@ -270,6 +290,8 @@ class FairLink(SharedLink):
                                   NORMAL, next(env._eid), self._wake, gen))
         else:
             self._pending = False
+        if leg is not None:
+            self._leg((leg[3], leg[4], leg[5]))
 
 
 _SHARING = {"fifo": FifoLink, "fair": FairLink}
