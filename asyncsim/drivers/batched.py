@@ -42,8 +42,12 @@ def pool_slots(trace: Trace, batch: int) -> int:
     yet applied lie within ``2 * batch`` gradients of the update being applied (a call
     looks no further), or within that update's own ``c``: at most ``max(2 * batch, c)``,
     and never more than the trace has."""
-    c = int(trace.updates["n_grads"].max()) if trace.num_updates else 1
-    return min(trace.num_gradients, max(2 * batch, c)) + 1
+    return min(trace.num_gradients, max(2 * batch, _max_c(trace))) + 1
+
+
+def _max_c(trace: Trace) -> int:
+    """The most gradients one update of ``trace`` takes."""
+    return int(trace.updates["n_grads"].max()) if trace.num_updates else 1
 
 
 def call_sizes(batch: int) -> list[int]:
@@ -69,7 +73,7 @@ class Batched:
         # Counted by the replay's memory check beside the versions it holds: the pool (twice
         # where it is not updated in place: on CPU a call writes a new one), and a call's
         # stacked read versions and its gradients (an update's c when more than batch).
-        c = int(trace.updates["n_grads"].max()) if trace.num_updates else 1
+        c = _max_c(trace)
         self.pool_bytes = self.slots * n_params * 4
         self.bytes = (self.pool_bytes * (2 if jax.default_backend() == "cpu" else 1)
                       + 2 * max(batch, c) * n_params * 4)

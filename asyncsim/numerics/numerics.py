@@ -163,6 +163,12 @@ def _shared(scn: Scenario) -> Programs:
     return hit
 
 
+def _stack(trees):
+    """Pytrees stacked on a new leading axis (None for none): an update's gradients, the
+    versions its rows read."""
+    return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees) if trees else None
+
+
 def _default_grouping() -> str:
     return "none" if jax.default_backend() == "cpu" else "version"
 
@@ -227,20 +233,17 @@ class Numerics:
         # update programs then take them too (``reads``, one version per row).
         self.compensates = scn.optimizer.compensation is not None
 
-        def stack(trees):
-            return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees) if trees else None
-
         def apply_stacked(state, grads, staleness, learner_ids, step, reads=()):
             return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
-                              step=step, read_params=stack(reads))
+                              step=step, read_params=_stack(reads))
 
         # (state, grads stacked on a leading axis c, staleness, learners, step): the grouped
         # path (grouping="version"), whose gradients come stacked from one vmapped call.
         self._apply_stacked = jax.jit(apply_stacked)
 
         def apply(state, grads_list, staleness, learner_ids, step, reads=()):
-            return core_apply(state, stack(grads_list), staleness=staleness,
-                              learner_ids=learner_ids, step=step, read_params=stack(reads))
+            return core_apply(state, _stack(grads_list), staleness=staleness,
+                              learner_ids=learner_ids, step=step, read_params=_stack(reads))
 
         # THE update program: (state, a tuple of the c gradients as `grad` computes them,
         # staleness [c], learners [c], step). Every update of every driver applies its
@@ -364,8 +367,7 @@ class Numerics:
         vone = jax.vmap(self.programs.one, in_axes=(0, None, None, 0, 0))
 
         def grads_into(pool, reads, x_all, y_all, learners, batches, slots):
-            params = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *reads)
-            loss, g = vone(params, x_all, y_all, learners, batches)
+            loss, g = vone(_stack(reads), x_all, y_all, learners, batches)
             grads, losses = pool
             return (jax.tree_util.tree_map(lambda p, a: p.at[slots].set(a), grads, g),
                     losses.at[slots].set(loss))
@@ -382,10 +384,8 @@ class Numerics:
         def apply_pooled(state, pool, slots, staleness, learners, step, reads):
             grads, losses = pool
             taken = jax.tree_util.tree_map(lambda p: p[slots], grads)
-            read_params = (jax.tree_util.tree_map(lambda *a: jnp.stack(a), *reads)
-                           if reads else None)
             return core_apply(state, taken, staleness=staleness, learner_ids=learners,
-                              step=step, read_params=read_params), losses[slots]
+                              step=step, read_params=_stack(reads)), losses[slots]
 
         return jax.jit(apply_pooled)
 

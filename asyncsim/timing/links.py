@@ -215,21 +215,17 @@ class FairLink(SharedLink):
         """The message has crossed the interface now: its event fires, or it goes on to the
         learner's link -- at the turn the event would have had, so that an interruption
         at this instant (a learner going down) comes first, as it would for the event."""
-        env = self.env
-        if then is None:  # ev.succeed(), without its checks: a transfer ends once
-            ev._ok, ev._value = True, None
-            heappush(env._queue, (env._now, NORMAL, next(env._eid), ev))
+        if then is None:
+            _fire(self.env, ev, 0.0)
         else:
-            heappush(env._wakes, (env._now, NORMAL, next(env._eid), self._leg, (ev, then, t0)))
+            self.env.call_at(0.0, self._leg, (ev, then, t0))
 
     def _leg(self, args: tuple) -> None:
         """On the learner's link after the interface: drawn, as the learner would, only if
         it still waits (one that went down sends nothing further)."""
         ev, then, t0 = args
         if ev.callbacks:
-            env = self.env
-            ev._ok, ev._value = True, None
-            heappush(env._queue, (env._now + then.next(t0), NORMAL, next(env._eid), ev))
+            _fire(self.env, ev, then.next(t0))
 
     def _schedule(self) -> None:
         self._gen += 1
@@ -240,10 +236,8 @@ class FairLink(SharedLink):
             return
         self._pending = True
         left = heap[0][0] - self._v
-        env = self.env
-        heappush(env._wakes, (env._now + (left if left > 0.0 else 0.0) * len(heap)
-                              / self.bandwidth, NORMAL, next(env._eid), self._wake,
-                              self._gen))
+        self.env.call_at((left if left > 0.0 else 0.0) * len(heap) / self.bandwidth,
+                         self._wake, self._gen)
 
     def _wake(self, gen: int) -> None:
         if gen != self._gen:
@@ -281,17 +275,16 @@ class FairLink(SharedLink):
                 leg = head
             else:
                 self._leave(head[3], head[4], head[5])
-        # The next wake-up (_schedule, inline: this is a fair link's hot path).
-        self._gen = gen = gen + 1
-        self._early = False
-        if heap:
-            left = heap[0][0] - v
-            heappush(env._wakes, (now + (left if left > 0.0 else 0.0) * len(heap) / bw,
-                                  NORMAL, next(env._eid), self._wake, gen))
-        else:
-            self._pending = False
+        self._schedule()
         if leg is not None:
             self._leg((leg[3], leg[4], leg[5]))
+
+
+def _fire(env: Environment, ev: Event, delay: float) -> None:
+    """``ev`` succeeds in ``delay`` (``ev.succeed()`` with a delay, without its checks: a
+    transfer's event fires once), as a timeout created now would."""
+    ev._ok, ev._value = True, None
+    env.schedule(ev, NORMAL, delay)
 
 
 _SHARING = {"fifo": FifoLink, "fair": FairLink}
