@@ -1,0 +1,148 @@
+"""Start-up: a short run cold (empty compilation cache) and warm (every program cached),
+side by side, and the imports every asyncsim process pays.
+
+Each row is a fresh ``python -m asyncsim.cli run SCENARIO --profile smoke`` process, as a
+user types it, timed on the wall clock from the parent (interpreter start, imports, the
+run, the figure, the exit). A round runs, in turn: cold (a new, empty ``ASYNCSIM_CACHE_DIR``),
+warm (the same folder again), and the same pair with ``--no-figure``; the table gives the
+best and the median of the rounds and warm / cold (issue target: <= 0.35 for the smoke
+quickstart). Every run of a round must end with the same ``param_hash`` and every warm run
+must load all its programs from the cache (provenance.json's ``compilation_cache``), or the
+script exits 1: the cache may make a run faster, never different.
+
+The imports are timed the same way, each in a fresh interpreter (best of the rounds):
+``import ml_dtypes`` alone is in the table because one release of it (0.7.0: its ufunc loops'
+registration, numpy's PyUFunc_AddLoop comparing each new loop with all before it) takes
+~0.55 s of every process here, against ~5 ms for 0.6.0 -- hence ``ml_dtypes!=0.7.0`` in
+pyproject.toml.
+
+    python benchmarks/bench_startup.py [--repeat 3] [--scenario scenarios/quickstart.toml]
+    python benchmarks/bench_startup.py --tiny --repeat 1   # the tests' MLP: seconds (tested)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+IMPORTS = {"ml_dtypes": "import ml_dtypes", "jax": "import jax", "pandas": "import pandas",
+           "matplotlib (figures)": "import matplotlib.figure, matplotlib.backends.backend_agg",
+           "asyncsim.api": "import asyncsim.api"}
+TINY = """seed = 7
+[cluster]
+learners = 3
+[protocol]
+kind = "async"
+[model]
+name = "mlp"
+hidden = [16]
+[data]
+name = "synthetic-cifar"
+batch_size = 8
+n_train = 256
+n_test = 64
+[run]
+updates = 30
+eval_every = 10
+"""
+
+def _env(cache: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ASYNCSIM_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")}
+    env["ASYNCSIM_CACHE_DIR"] = cache
+    return env
+
+
+def run_once(scenario: Path, out: Path, cache: str, *, figure: bool,
+             profile: str | None) -> tuple[float, dict]:
+    """Wall seconds of one ``asyncsim run`` process, and what its folder recorded."""
+    cmd = [sys.executable, "-m", "asyncsim.cli", "run", str(scenario), "--out", str(out),
+           "--quiet"]
+    if profile:
+        cmd += ["--profile", profile]
+    if not figure:
+        cmd.append("--no-figure")
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"bench_startup: {' '.join(cmd)} failed:\n{r.stderr}")
+    prov = json.loads((out / "provenance.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    return wall, {"param_hash": summary["param_hash"], **prov["compilation_cache"]}
+
+
+def import_time(stmt: str) -> float:
+    """Wall seconds of ``python -c stmt`` less those of ``python -c pass``."""
+    def wall(code: str) -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+        return time.perf_counter() - t0
+
+    return wall(stmt) - wall("pass")
+
+
+def main(argv=None) -> dict[str, list[float]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--scenario", default="scenarios/quickstart.toml")
+    ap.add_argument("--profile", default="smoke")
+    ap.add_argument("--tiny", action="store_true", help="the tests' MLP scenario (seconds)")
+    a = ap.parse_args(argv)
+    times: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        tmp = Path(tmp)
+        if a.tiny:
+            scenario, profile = tmp / "tiny.toml", None
+            scenario.write_text(TINY)
+        else:
+            scenario, profile = (ROOT / a.scenario).resolve(), a.profile
+        for r in range(a.repeat):
+            seen: dict[str, dict] = {}
+            for figure in (True, False):
+                cache = str(tmp / f"cache-{r}-{figure}")
+                for kind in ("cold", "warm"):
+                    name = f"{kind}{'' if figure else ', --no-figure'}"
+                    wall, rec = run_once(scenario, tmp / f"run-{r}-{figure}-{kind}", cache,
+                                         figure=figure, profile=profile)
+                    times.setdefault(name, []).append(wall)
+                    seen[name] = rec
+            hashes = {rec["param_hash"] for rec in seen.values()}
+            if len(hashes) != 1:
+                sys.exit(f"bench_startup: cold and warm runs differ: {seen}")
+            for name, rec in seen.items():
+                if name.startswith("cold") and rec["hits"] != 0:
+                    sys.exit(f"bench_startup: a cold run loaded programs: {rec}")
+                cold = seen[name.replace("warm", "cold")]
+                if name.startswith("warm") and (rec["misses"] or
+                                                rec["hits"] != cold["misses"]):
+                    sys.exit(f"bench_startup: a warm run compiled again: {rec}")
+        for name, stmt in IMPORTS.items():
+            times[f"import {name}"] = [import_time(stmt) for _ in range(a.repeat)]
+    programs = seen["cold"]["misses"]
+    label = "the tests' MLP" if a.tiny else f"{a.scenario} --profile {a.profile}"
+    print(f"{label}: {a.repeat} round(s), {programs} programs compiled cold, all loaded warm, "
+          "one param_hash")
+    print(f"{'':<28} {'best':>8} {'median':>8}")
+    for name, ts in times.items():
+        print(f"{name:<28} {min(ts):>7.2f}s {statistics.median(ts):>7.2f}s")
+    for suffix in ("", ", --no-figure"):
+        cold, warm = times[f"cold{suffix}"], times[f"warm{suffix}"]
+        print(f"warm / cold{suffix:<17} {min(warm) / min(cold):>8.2f} "
+              f"{statistics.median(warm) / statistics.median(cold):>8.2f}   (target <= 0.35)")
+    import ml_dtypes  # after the timings: this process's own import is not measured
+
+    print(f"ml_dtypes {ml_dtypes.__version__}")
+    return times
+
+
+if __name__ == "__main__":
+    main()
