@@ -4,6 +4,8 @@ determinism."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import simpy
@@ -11,7 +13,7 @@ import simpy
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
-from asyncsim.timing.links import Environment, SharedLink
+from asyncsim.timing.links import Environment, FairLink, SharedLink
 
 
 def finish_times(sharing: str, starts: list[tuple[float, float]], bandwidth: float = 1.0):
@@ -349,3 +351,35 @@ def test_a_learner_down_as_its_pull_leaves_the_interface_draws_no_link_time(down
     env.process(goes_down())
     env.run()
     assert (leg.draws, ends) == ((0, []) if down else (1, [1.25]))
+
+
+def _tie_grid():
+    """Tie-heavy clusters: constant compute (one learner in two 1.5x as fast), constant link
+    latencies and a fair interface whose lone transfers take whole time units, so events
+    meet at the same instants."""
+    for learners, latency, egress, ingress, kind, speed in itertools.product(
+            (2, 3), (0.0, 1.0), (None, 50.0, 100.0), (None, 50.0, 100.0),
+            ("async", "softsync"), (1.0, 1.5)):
+        link = {"bytes": 100, "latency": {"dist": "constant", "value": latency}}
+        net = {"pull": link, "push": link}
+        for key, bw in (("ps_egress", egress), ("ps_ingress", ingress)):
+            if bw is not None:
+                net[key] = {"bandwidth": bw, "sharing": "fair"}
+        yield {"seed": 0, "cluster": {"learners": learners, "network": net,
+                                      "compute": {"dist": "constant", "value": 2.0},
+                                      "speed": [1.0 + (speed - 1.0) * (i % 2)
+                                                for i in range(learners)]},
+               "protocol": {"kind": kind} | ({"n": 1} if kind == "softsync" else {}),
+               "run": {"gradients": 60, "trace_only": True}}
+
+
+def test_the_lone_transfer_shortcut_gives_the_traces_of_the_trip_through_the_queue(
+        monkeypatch):
+    # A transfer that ends alone at an instant goes on at once (its learner resumes, or its
+    # leg is drawn) instead of being scheduled behind the wake-up: the same order, so the
+    # same traces, over a grid where events meet (taking the shortcut while another event
+    # is due at that instant changes two of these 144 traces).
+    scenarios = [load_scenario(d) for d in _tie_grid()]
+    with_shortcut = [simulate(s).hash() for s in scenarios]
+    monkeypatch.setattr(FairLink, "shortcut", False)
+    assert [simulate(s).hash() for s in scenarios] == with_shortcut
