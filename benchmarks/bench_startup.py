@@ -17,7 +17,7 @@ registration, numpy's PyUFunc_AddLoop comparing each new loop with all before it
 pyproject.toml.
 
     python benchmarks/bench_startup.py [--repeat 3] [--scenario scenarios/quickstart.toml]
-    python benchmarks/bench_startup.py --tiny --repeat 1   # the tests' MLP: seconds (tested)
+    python benchmarks/bench_startup.py --tiny --repeat 1   # a 16-unit MLP: seconds
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ n_test = 64
 updates = 30
 eval_every = 10
 """
+
 
 def _env(cache: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
@@ -95,7 +96,7 @@ def main(argv=None) -> dict[str, list[float]]:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--scenario", default="scenarios/quickstart.toml")
     ap.add_argument("--profile", default="smoke")
-    ap.add_argument("--tiny", action="store_true", help="the tests' MLP scenario (seconds)")
+    ap.add_argument("--tiny", action="store_true", help="a 16-unit MLP instead (seconds)")
     a = ap.parse_args(argv)
     times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
@@ -128,7 +129,7 @@ def main(argv=None) -> dict[str, list[float]]:
         for name, stmt in IMPORTS.items():
             times[f"import {name}"] = [import_time(stmt) for _ in range(a.repeat)]
     programs = seen["cold"]["misses"]
-    label = "the tests' MLP" if a.tiny else f"{a.scenario} --profile {a.profile}"
+    label = "a 16-unit MLP (--tiny)" if a.tiny else f"{a.scenario} --profile {a.profile}"
     print(f"{label}: {a.repeat} round(s), {programs} programs compiled cold, all loaded warm, "
           "one param_hash")
     print(f"{'':<28} {'best':>8} {'median':>8}")
