@@ -354,9 +354,9 @@ def test_a_learner_down_as_its_pull_leaves_the_interface_draws_no_link_time(down
 
 
 def _tie_grid():
-    """Tie-heavy clusters: constant compute (one learner in two 1.5x as fast), constant link
-    latencies and a fair interface whose lone transfers take whole time units, so events
-    meet at the same instants."""
+    """Tie-heavy clusters: constant compute (in half of them every other learner 1.5x as
+    fast), constant link latencies and a fair interface whose lone transfers take whole
+    time units, so events meet at the same instants."""
     for learners, latency, egress, ingress, kind, speed in itertools.product(
             (2, 3), (0.0, 1.0), (None, 50.0, 100.0), (None, 50.0, 100.0),
             ("async", "softsync"), (1.0, 1.5)):

@@ -625,9 +625,9 @@ def test_a_vmapped_lr_sweep_of_a_remedy_agrees_with_its_points(optimizer):
         alone = run(scenario({**optimizer, "lr": lr}, SOFTSYNC), progress=False)
         # Within a thousandth of one step (lr): Adam divides by the gradient's own rms, so a
         # parameter whose gradient terms nearly cancel turns the vmapped program's one-ulp
-        # differences into a visible fraction of its step (measured on an AVX-512 CPU:
-        # 2.3e-6 at lr 0.01 and 4.5e-6 at lr 0.02, on one parameter of 49,338 each). A lane
-        # run with another lane's rate or state is off by whole steps: the lanes differ by
-        # 0.17.
+        # differences into a visible fraction of its step (measured on an AVX-512 CPU: at
+        # most 2.3e-6 at lr 0.01 and 4.5e-6 at lr 0.02, each the one parameter of 49,338
+        # off by more than 1e-6). A lane run with another lane's rate or state is off by
+        # whole steps: the lanes differ by 0.17.
         assert_leaves_close(res.params, alone.params, rtol=1e-5, atol=max(2e-6, 1e-3 * lr))
     assert max_abs_diff(lanes[0].params, lanes[1].params) > 1e-3  # the rates differ
