@@ -238,6 +238,7 @@ class Simulation:
         fair_out = egress is not None and egress.sharing == "fair"
         fair_in = ingress is not None and ingress.sharing == "fair"
         then_pull = None if pull is _Zero else pull
+        pull_bytes, push_bytes = self.pull_bytes, self.push_bytes
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
@@ -258,22 +259,22 @@ class Simulation:
                     self.read_refs[read] = self.read_refs.get(read, 0) + 1
                 if fair_out:  # the weights leave through the PS's shared interface, then
                     # the learner's link: one event (timing/links.py)
-                    yield egress.transfer(self.pull_bytes, then_pull, t_pull)
+                    yield egress.transfer(pull_bytes, then_pull, t_pull)
                 else:
                     if egress is not None:
-                        yield egress.transfer(self.pull_bytes)
+                        yield egress.transfer(pull_bytes)
                     if pull is not _Zero:
                         yield timeout(pull.next(t_pull))
                 yield timeout(comp(env.now))
                 t_push = env.now
                 if fair_in:  # the gradient crosses the learner's link, then enters the PS's
-                    yield ingress.transfer(self.push_bytes, before=None if push is _Zero
+                    yield ingress.transfer(push_bytes, before=None if push is _Zero
                                            else push.next(t_push))
                 else:
                     if push is not _Zero:
                         yield timeout(push.next(t_push))
                     if ingress is not None:
-                        yield ingress.transfer(self.push_bytes)
+                        yield ingress.transfer(push_bytes)
                 if ps is not None:
                     with ps.request() as req:
                         yield req

@@ -165,6 +165,9 @@ class FairLink(SharedLink):
         self._pending = False  # a wake-up is scheduled
         self._early = False  # a transfer started since, so it comes early
         self._gen = 0  # the current wake-up (a superseded one is ignored)
+        # Bound once: these go into the wake-up queue a few times per transfer.
+        self._wake_cb = self._wake
+        self._hop_cb = self._hop
 
     @property
     def in_progress(self) -> int:
@@ -181,8 +184,9 @@ class FairLink(SharedLink):
         ev = Event(env)
         args = (float(nbytes), ev, then, t0)
         if before is not None:
-            # The learner's link first: the transfer starts then.
-            env.call_at(before, self._hop, args)
+            # The learner's link first: the transfer starts then (Environment.call_at).
+            heappush(env._wakes, (env._now + before, NORMAL, next(env._eid), self._hop_cb,
+                                  args))
         elif nbytes > 0:
             self._start(args)
         else:
@@ -198,21 +202,21 @@ class FairLink(SharedLink):
                 self._leave(*args[1:])
 
     def _start(self, args: tuple) -> None:
-        nbytes = args[0]
-        now = self.env._now
+        env = self.env
+        now = env._now
         heap = self._heap
         if heap and now > self._t:  # the virtual clock, advanced to now
             self._v += (now - self._t) * self.bandwidth / len(heap)
         self._t = now
-        item = (self._v + nbytes, self._seq, *args)  # (.., bytes, event, then, t0)
+        item = (self._v + args[0], self._seq, *args)  # (.., bytes, event, then, t0)
         heappush(heap, item)
         self._seq += 1
-        if not self._pending or heap[0] is item:
-            # Nothing scheduled, or this one ends first (a smaller transfer): wake for it.
-            self._schedule()
-        else:
+        if self._pending and heap[0] is not item:
             # It slows the others: the pending wake-up now comes early (and reschedules).
             self._early = True
+        else:
+            # Nothing scheduled, or this one ends first (a smaller transfer): wake for it.
+            self._schedule(env, heap, self._v)
 
     def _leave(self, ev: Event, then, t0: float) -> None:
         """The message has crossed the interface now: its event fires, or it goes on to the
@@ -230,17 +234,19 @@ class FairLink(SharedLink):
         if ev.callbacks:
             _fire(self.env, ev, then.next(t0))
 
-    def _schedule(self) -> None:
-        self._gen += 1
+    def _schedule(self, env: Environment, heap: list, v: float) -> None:
+        """The wake-up for the first transfer to end, if nothing starts meantime (one
+        pending at a time; a former one is superseded). ``v``: the virtual clock now."""
+        self._gen = gen = self._gen + 1
         self._early = False
-        heap = self._heap
         if not heap:
             self._pending = False
             return
         self._pending = True
-        left = heap[0][0] - self._v
-        self.env.call_at((left if left > 0.0 else 0.0) * len(heap) / self.bandwidth,
-                         self._wake, self._gen)
+        left = heap[0][0] - v
+        # Environment.call_at, inline: a few times per transfer.
+        heappush(env._wakes, (env._now + (left if left > 0.0 else 0.0) * len(heap)
+                              / self.bandwidth, NORMAL, next(env._eid), self._wake_cb, gen))
 
     def _wake(self, gen: int) -> None:
         if gen != self._gen:
@@ -248,20 +254,23 @@ class FairLink(SharedLink):
         env = self.env
         now = env._now
         heap = self._heap  # not empty: a wake-up is set only for a transfer under way
-        bw = self.bandwidth
         v = self._v
         if now > self._t:
-            v += (now - self._t) * bw / len(heap)
+            v += (now - self._t) * self.bandwidth / len(heap)
         self._t = now
         head = heap[0]
-        if not self._early and v < head[0]:
-            # Nothing started since this wake-up was set for the first transfer to end: it
-            # ends now, whatever the last bits of the clocks say (at large times, rounding of
-            # the time moves V by more than any byte tolerance; waiting for it never ends).
-            v = head[0]
-        self._v = v
         alone = None  # the one transfer that ends now, when nothing else happens now
-        if head[0] - v <= _TOL * head[2]:
+        if self._early and head[0] - v > _TOL * head[2]:
+            # Early (a transfer started since it was set, slowing the first): nothing ends.
+            self._v = v
+        else:
+            if not self._early and v < head[0]:
+                # Nothing started since this wake-up was set for the first transfer to end:
+                # it ends now, whatever the last bits of the clocks say (at large times,
+                # rounding of the time moves V by more than any byte tolerance; waiting for
+                # it never ends).
+                v = head[0]
+            self._v = v
             heappop(heap)
             if heap and heap[0][0] - v <= _TOL * heap[0][2]:
                 done = [head]
@@ -279,23 +288,28 @@ class FairLink(SharedLink):
                 alone = head
             else:
                 self._leave(head[3], head[4], head[5])
-        self._schedule()
+        # The next wake-up: _schedule, inline (this runs about 1.5 times per transfer).
+        self._gen = gen = gen + 1
+        self._early = False
+        if heap:
+            left = heap[0][0] - v
+            heappush(env._wakes, (now + (left if left > 0.0 else 0.0) * len(heap)
+                                  / self.bandwidth, NORMAL, next(env._eid), self._wake_cb,
+                                  gen))
+        else:
+            self._pending = False
         if alone is not None:
             _, _, _, ev, then, t0 = alone
-            if then is not None:
-                self._leg((ev, then, t0))
-            else:
-                _succeed_now(ev)
-
-
-def _succeed_now(ev: Event) -> None:
-    """``ev`` succeeds and its callbacks run now, as :meth:`Environment.step` would run them
-    had it been scheduled now with nothing before it (a transfer's event: its learner's
-    resumption, or no callback when the learner went down meanwhile)."""
-    ev._ok, ev._value = True, None
-    callbacks, ev.callbacks = ev.callbacks, None
-    for callback in callbacks:
-        callback(ev)
+            if then is None:
+                # Its event succeeds and its callbacks run now, as Environment.step would
+                # run them (its learner goes on; none if the learner went down meanwhile).
+                ev._ok, ev._value = True, None
+                callbacks, ev.callbacks = ev.callbacks, None
+                for callback in callbacks:
+                    callback(ev)
+            elif ev.callbacks:  # its leg, drawn if the learner still waits (_leg, _fire)
+                ev._ok, ev._value = True, None
+                heappush(env._queue, (now + then.next(t0), NORMAL, next(env._eid), ev))
 
 
 def _fire(env: Environment, ev: Event, delay: float) -> None:
