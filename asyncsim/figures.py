@@ -8,15 +8,27 @@ and one module ``analysis/NAME.py`` (installed as ``asyncsim.analysis.NAME``) ex
 which reads the sweep's ``index.csv`` and run folders (never reruns a simulation) and writes
 ``out_dir/NAME.png`` plus the plotted data as ``out_dir/NAME.csv``. A module that draws one
 run folder instead of a sweep (the quickstart) says ``DRAWS = "run"``, so that a scenario
-naming it is checked to fit before it runs (:func:`check_figure_fits`). The run folders of a
+naming it is checked to fit before it runs (:func:`check_figure_fits`; ``DRAWS`` is read
+from the module's source, so this check imports no plotting library). The run folders of a
 figure live in ``runs/NAME`` (``runs/NAME-smoke`` etc. for other profiles).
+
+``asyncsim run`` draws its scenario's figure in a :class:`FigureWorker`: a second process,
+started before the run, that imports the figure's module (matplotlib: about half a second)
+while the run computes, then draws when the run folder is complete -- the same code on the
+same folder, so the same files; where the worker fails, the figure is drawn here instead.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
+import importlib.util
+import json
+import os
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -28,10 +40,17 @@ def drawable_figures() -> list[str]:
     """Every figure name ``asyncsim figures NAME`` and ``[figure] name`` accept: the modules
     of the figure package ``asyncsim.analysis`` (the repository's ``analysis/``; names
     starting with ``_`` are shared helpers). Only these names are ever imported: a name
-    read from a scenario file or a run folder never reaches a file path."""
-    package = importlib.import_module("asyncsim.analysis")
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
+    read from a scenario file or a run folder never reaches a file path. Listing them
+    imports nothing of the package (its modules import matplotlib)."""
+    return sorted(m.name for m in pkgutil.iter_modules(_analysis_path())
                   if not m.name.startswith("_"))
+
+
+def _analysis_path() -> list[str]:
+    spec = importlib.util.find_spec("asyncsim.analysis")  # imports asyncsim only
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the figure package asyncsim.analysis is not installed")
+    return list(spec.submodule_search_locations)
 
 
 def check_figure(name: object, *, key: str = "figure.name", file: str | None = None) -> str:
@@ -50,13 +69,33 @@ def check_figure_fits(name: str, scn) -> None:
     """Refuse, before running, a figure that cannot be drawn from what ``scn`` writes: a
     figure of one run folder (its module's ``DRAWS = "run"``) for a sweep, or a sweep's
     figure for a single run."""
-    draws = getattr(load_analysis(name), "DRAWS", "sweep")
+    draws = figure_draws(name)
     if draws == "run" and scn.sweep:
         raise ScenarioError("figure.name", f"{name!r} draws one run folder; this scenario "
                             "is a sweep: name a sweep's figure or remove [figure]")
     if draws == "sweep" and not scn.sweep:
         raise ScenarioError("figure.name", f"{name!r} draws a sweep; this scenario is a "
                             "single run (no [sweep]): add its sweep or remove [figure]")
+
+
+def figure_draws(name: str) -> str:
+    """What figure ``name`` draws, ``"run"`` or ``"sweep"`` (the default): its module's
+    top-level ``DRAWS = "..."``, read from the source without running it (a run checks this
+    before it starts; importing the module would import matplotlib)."""
+    name = check_figure(name)
+    for folder in _analysis_path():
+        src = Path(folder) / f"{name}.py"
+        if src.is_file():
+            break
+    else:  # a compiled-only install: import it
+        return getattr(load_analysis(name), "DRAWS", "sweep")
+    for node in ast.parse(src.read_text(encoding="utf-8")).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "DRAWS"):
+            if not (isinstance(node.value, ast.Constant) and node.value.value in ("run", "sweep")):
+                raise ValueError(f"{src}: DRAWS must be the literal 'run' or 'sweep'")
+            return node.value.value
+    return "sweep"
 
 
 def load_analysis(name: str) -> ModuleType:
@@ -134,3 +173,104 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
                             f"{', '.join(drawable)}; run `asyncsim run scenarios/NAME.toml` "
                             "first", file="asyncsim figures")
     return written
+
+
+class FigureWorker:
+    """A process that imports figure ``name``'s module now and draws it later.
+
+    ``asyncsim run`` starts one before a run whose scenario names a figure, so that the
+    figure's imports (matplotlib, about half a second of every such run) overlap the run
+    instead of following it; :meth:`draw` then hands it the finished run folder and waits.
+    It runs :func:`draw_figure` on the same folder, so it writes the same files; if it
+    fails in any way (it died, it could not import, the figure raised), :meth:`draw` draws
+    the figure in this process instead, so a figure's error is raised here as without the
+    worker. A worker never used is told to stop (:meth:`close`) and exits without drawing.
+    """
+
+    def __init__(self, name: str):
+        self.name = check_figure(name)
+        try:
+            self._proc: subprocess.Popen | None = subprocess.Popen(
+                [sys.executable, "-m", "asyncsim.figures", "--serve", self.name],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True)
+        except OSError:
+            self._proc = None
+
+    def draw(self, sweep: str | Path, out: str | Path = "figures") -> list[Path]:
+        """:func:`draw_figure` ``(name, sweep, out)``, in the worker where it can."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                reply, _ = proc.communicate(json.dumps([str(sweep), str(out)]) + "\n")
+                if proc.returncode == 0:
+                    return [Path(p) for p in json.loads(reply)["paths"]]
+            except (OSError, ValueError, KeyError, TypeError):
+                proc.kill()
+                proc.wait()
+        return draw_figure(self.name, sweep, out)
+
+    def close(self) -> None:
+        """Stop a worker that was not used (it reads the end of its input and exits)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.communicate("", timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> FigureWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _serve(name: str) -> int:
+    """The worker's side: import the figure's module, wait for ``[sweep, out]`` on stdin,
+    draw, reply ``{"paths": [...]}`` on stdout. Exit status 1 tells the caller to draw the
+    figure itself (so its errors and warnings reach the user as without the worker)."""
+    load_analysis(name)
+    _warm_up()
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # not needed after all
+    sweep, out = json.loads(line)
+    try:
+        paths = draw_figure(name, sweep, out)
+    except BaseException:  # noqa: BLE001 - the caller redraws and reports it
+        return 1
+    sys.stdout.write(json.dumps({"paths": [str(p) for p in paths]}))
+    sys.stdout.flush()
+    # Its files are written and closed: skip the interpreter's teardown of matplotlib,
+    # pandas and JAX (a tenth of a second or more that the caller would wait for).
+    os._exit(0)
+
+
+def _warm_up() -> None:
+    """Draw a throwaway figure to a buffer while the run computes, so that the real one
+    does not pay matplotlib's first-draw costs (fonts loaded, text laid out, the PNG
+    writer): about a third of the first figure's time. Its own Figure, outside pyplot's
+    figure list, so the real figure is drawn as in a fresh process."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    FigureCanvasAgg(fig)
+    a, b = fig.subplots(1, 2)
+    a.plot([0.0, 1.0], [0.0, 1.0], marker="o", ms=3)
+    a.set_xlabel("simulated time τ")
+    b.bar([0, 1], [0.5, 0.5])
+    b.set_title("mean 0.00", fontsize=9)
+    fig.suptitle("warm-up", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), format="png", dpi=100, bbox_inches="tight")
+
+
+if __name__ == "__main__":  # python -m asyncsim.figures --serve NAME (FigureWorker)
+    if len(sys.argv) != 3 or sys.argv[1] != "--serve":
+        sys.exit("usage: python -m asyncsim.figures --serve NAME")
+    sys.exit(_serve(sys.argv[2]))

@@ -5,15 +5,21 @@ in the package, so ``asyncsim figures`` works from an installed wheel outside th
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY
 
+from asyncsim import figures
+from asyncsim._io import DamagedFile, dump_toml
 from asyncsim.cli import main
+from asyncsim.figures import FigureWorker, draw_figure
 from asyncsim.stability.closed_form import edge
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,3 +113,78 @@ def test_p2_f1_plots_the_rate_each_run_recorded(tmp_path):
         assert r.epochs == (6 if r.lr_rule == "stability-edge" else 2)
     table = pd.read_csv(out / "figures" / "p2_f1_table.csv")
     assert len(table) == 8 and (table["seeds"] == 1).all()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny run whose scenario names the quickstart figure, drawn by ``asyncsim run``
+    (in its FigureWorker)."""
+    root = tmp_path_factory.mktemp("worker")
+    path = root / "s.toml"
+    path.write_text(dump_toml(dict(TINY, figure={"name": "quickstart"})))
+    out = root / "run"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def _same_files(a: list[Path], b: list[Path]) -> None:
+    assert [p.name for p in a] == [p.name for p in b] == ["quickstart.png", "quickstart.csv"]
+    for x, y in zip(a, b, strict=True):
+        assert x.read_bytes() == y.read_bytes(), x.name
+
+
+def test_asyncsim_run_draws_in_its_worker_the_files_drawn_here(tiny_run, tmp_path,
+                                                                monkeypatch):
+    """The worker runs the same figure code on the same folder in another process: the
+    same bytes as drawing it here, and drawn there (this process's drawing is disabled)."""
+    here = draw_figure("quickstart", tiny_run, tmp_path / "here")
+    _same_files([tiny_run / p.name for p in here], here)  # what `asyncsim run` drew
+
+    def no_drawing_here(*a, **k):
+        raise AssertionError("drawn in this process, not in the worker")
+
+    monkeypatch.setattr(figures, "draw_figure", no_drawing_here)
+    with FigureWorker("quickstart") as worker:
+        there = worker.draw(tiny_run, tmp_path / "there")
+    _same_files(here, there)
+
+
+def test_a_worker_that_fails_leaves_the_figure_and_its_error_to_this_process(tiny_run,
+                                                                             tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_run, bad)
+    (bad / "eval.csv").write_text("version,sim_time\n3,")  # truncated
+    with pytest.raises(DamagedFile) as here:
+        draw_figure("quickstart", bad, tmp_path / "here")
+    with pytest.raises(DamagedFile) as via_worker:
+        FigureWorker("quickstart").draw(bad, tmp_path / "there")
+    assert str(via_worker.value) == str(here.value)
+    assert not (tmp_path / "there").exists()  # as without the worker: no folder left
+    # A worker that died before it was used: drawn here.
+    worker = FigureWorker("quickstart")
+    worker._proc.kill()
+    _same_files(draw_figure("quickstart", tiny_run, tmp_path / "a"),
+                worker.draw(tiny_run, tmp_path / "b"))
+
+
+def test_a_worker_not_used_exits_without_drawing(tmp_path):
+    worker = FigureWorker("quickstart")
+    proc = worker._proc
+    with worker:
+        pass
+    assert proc.returncode == 0 and worker._proc is None
+
+
+def test_what_a_figure_draws_is_read_from_its_source_without_importing_matplotlib():
+    code = ("import json, sys; from asyncsim.figures import drawable_figures, figure_draws; "
+            "print(json.dumps({n: figure_draws(n) for n in drawable_figures()})); "
+            "print('matplotlib' in sys.modules)")
+    r = _draw(code, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    draws, imported = r.stdout.splitlines()
+    assert imported == "False"
+    # The same as importing each module and reading DRAWS (default "sweep").
+    draws = json.loads(draws)
+    assert draws == {n: getattr(figures.load_analysis(n), "DRAWS", "sweep")
+                     for n in figures.drawable_figures()}
+    assert draws["quickstart"] == "run" and draws["p2_f3"] == "sweep"

@@ -88,7 +88,7 @@ def cmd_trace(args, scn=None) -> int:
 def cmd_run(args) -> int:
     if not args.resume and not args.scenario:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
-    from asyncsim.figures import draw_figure
+    from asyncsim.figures import FigureWorker
 
     if args.resume:
         refuse_with_resume(args)
@@ -103,23 +103,26 @@ def cmd_run(args) -> int:
         return cmd_trace(args, scn)  # what its scenario.toml says: timing only
     if not args.resume:
         out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
-    from asyncsim.api import run
+    fig = scn.figure.get("name") if draw else None
+    # The figure's imports (matplotlib) in a second process, while this one runs.
+    with FigureWorker(fig) if fig else contextlib.nullcontext() as worker:
+        from asyncsim.api import run
 
-    result = run(scn, out=out, resume=bool(args.resume), force=args.force,
-                 progress=not args.quiet, profile=args.profile)
-    if not args.quiet:
-        print(f"run folder: {out}")
-        print_summary(result.summary, ["updates", "gradients", "epochs", "sim_time",
-                                        "staleness_mean", "staleness_max", "final_test_error",
-                                        "diverged", "wall_time", "param_hash"])
-    fig = scn.figure.get("name")
-    if fig and draw:
-        default = args.profile in (None, "default") and not args.out and not args.resume
-        # Drawn into the run folder unless it is the default figure: under its lock.
-        with runs.locked(out) if not default else contextlib.nullcontext():
-            for path in draw_figure(fig, out, "figures" if default else out):
-                if not args.quiet:
-                    print(f"figure: {path}")
+        result = run(scn, out=out, resume=bool(args.resume), force=args.force,
+                     progress=not args.quiet, profile=args.profile)
+        if not args.quiet:
+            print(f"run folder: {out}")
+            print_summary(result.summary, ["updates", "gradients", "epochs", "sim_time",
+                                            "staleness_mean", "staleness_max",
+                                            "final_test_error", "diverged", "wall_time",
+                                            "param_hash"])
+        if worker is not None:
+            default = args.profile in (None, "default") and not args.out and not args.resume
+            # Drawn into the run folder unless it is the default figure: under its lock.
+            with runs.locked(out) if not default else contextlib.nullcontext():
+                for path in worker.draw(out, "figures" if default else out):
+                    if not args.quiet:
+                        print(f"figure: {path}")
     return 0
 
 
