@@ -194,7 +194,7 @@ class FigureWorker:
                 [sys.executable, "-m", "asyncsim.figures", "--serve", self.name],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 text=True)
-        except OSError:
+        except (OSError, ValueError, TypeError):  # no interpreter to start: drawn here
             self._proc = None
 
     def draw(self, sweep: str | Path, out: str | Path = "figures") -> list[Path]:
@@ -231,6 +231,7 @@ def _serve(name: str) -> int:
     """The worker's side: import the figure's module, wait for ``[sweep, out]`` on stdin,
     draw, reply ``{"paths": [...]}`` on stdout. Exit status 1 tells the caller to draw the
     figure itself (so its errors and warnings reach the user as without the worker)."""
+    reply, sys.stdout = sys.stdout, sys.stderr  # the reply is the only thing on stdout
     load_analysis(name)
     _warm_up()
     line = sys.stdin.readline()
@@ -241,8 +242,8 @@ def _serve(name: str) -> int:
         paths = draw_figure(name, sweep, out)
     except BaseException:  # noqa: BLE001 - the caller redraws and reports it
         return 1
-    sys.stdout.write(json.dumps({"paths": [str(p) for p in paths]}))
-    sys.stdout.flush()
+    reply.write(json.dumps({"paths": [str(p) for p in paths]}))
+    reply.flush()
     # Its files are written and closed: skip the interpreter's teardown of matplotlib,
     # pandas and JAX (a tenth of a second or more that the caller would wait for).
     os._exit(0)
