@@ -184,7 +184,7 @@ class FigureWorker:
     It runs :func:`draw_figure` on the same folder, so it writes the same files; if it
     fails in any way (it died, it could not import, the figure raised), :meth:`draw` draws
     the figure in this process instead, so a figure's error is raised here as without the
-    worker. A worker never used is told to stop (:meth:`close`) and exits without drawing.
+    worker. A worker never used is ended (:meth:`close`) without drawing.
     """
 
     def __init__(self, name: str):
@@ -211,11 +211,14 @@ class FigureWorker:
         return draw_figure(self.name, sweep, out)
 
     def close(self) -> None:
-        """Stop a worker that was not used (it reads the end of its input and exits)."""
+        """End a worker that was not used (the run failed or was refused), at once: it has
+        written nothing (its warm-up draws to memory), and waiting for it to finish its
+        imports would delay the run's error message by a second."""
         proc, self._proc = self._proc, None
         if proc is not None:
+            proc.terminate()
             try:
-                proc.communicate("", timeout=10)
+                proc.communicate(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
                 proc.wait()

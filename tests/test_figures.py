@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -167,12 +168,14 @@ def test_a_worker_that_fails_leaves_the_figure_and_its_error_to_this_process(tin
                 worker.draw(tiny_run, tmp_path / "b"))
 
 
-def test_a_worker_not_used_exits_without_drawing(tmp_path):
+def test_a_worker_not_used_is_ended_at_once_without_drawing(tmp_path):
+    """A run that fails or is refused does not wait for its worker's imports: the worker
+    is terminated, not asked to finish (it would read its input only after them)."""
     worker = FigureWorker("quickstart")
     proc = worker._proc
     with worker:
         pass
-    assert proc.returncode == 0 and worker._proc is None
+    assert proc.returncode == -signal.SIGTERM and worker._proc is None
 
 
 def test_what_a_figure_draws_is_read_from_its_source_without_importing_matplotlib():
