@@ -27,7 +27,7 @@ _EXPORTS = {
     "DelayModel": "asyncsim.timing.delays",
     "Model": "asyncsim.numerics.models",
     "Protocol": "asyncsim.timing.protocols",
-    "RunResult": "asyncsim.drivers.driver",
+    "RunResult": "asyncsim.drivers.result",
     "Scenario": "asyncsim.config",
     "ScenarioError": "asyncsim.errors",
     "Trace": "asyncsim.trace",
@@ -55,7 +55,7 @@ _EXPORTS = {
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
     from asyncsim.api import TraceResult, replay, run, simulate, trace_run
     from asyncsim.config import Scenario
-    from asyncsim.drivers.driver import RunResult
+    from asyncsim.drivers.result import RunResult
     from asyncsim.errors import ScenarioError
     from asyncsim.numerics.core import CoreState, UpdateCore, as_optax, make_core, param_hash
     from asyncsim.numerics.data import Dataset, get_dataset, register_dataset

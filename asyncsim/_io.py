@@ -96,6 +96,71 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(jsonable(obj), indent=2, sort_keys=True) + "\n")
 
 
+def write_parquet(path: str | os.PathLike, columns: Mapping[str, Any]) -> None:
+    """A table of equal-length columns (arrays or sequences, each keeping its numpy dtype)
+    as a parquet file: how every run-folder table is written (pyarrow, snappy, no index).
+
+    Written with pyarrow directly, not through a pandas DataFrame: a run then never imports
+    pandas, about 0.2 s of every ``asyncsim run``'s start-up (benchmarks/bench_startup.py).
+    ``read_parquet`` (pandas) reads it back as the DataFrame of ``columns``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([_arrow(pa, np.asarray(v)) for v in columns.values()],
+                                 names=list(columns))
+    with atomic(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _arrow(pa, a: np.ndarray):
+    """A numpy column as an arrow array. Numbers are wrapped around their buffer: ``pa.array``
+    would import pandas (pyarrow checks every input for a pandas object)."""
+    if a.dtype.kind in "iuf" and a.ndim == 1:
+        a = np.ascontiguousarray(a)
+        return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a),
+                                     [None, pa.py_buffer(a)])
+    return pa.array(a)
+
+
+def csv_text(columns: Mapping[str, Any]) -> str:
+    """The CSV text of a table of numbers: what ``pandas.DataFrame(columns).to_csv(
+    index=False)`` writes (tested), without pandas (see :func:`write_parquet`).
+
+    Each column is typed as pandas types it: all booleans -> ``True``/``False``; all
+    integers -> integers; otherwise numbers -> float64, written shortest round-trip
+    (``repr``), NaN and ``None`` as an empty field."""
+    import csv
+    import io
+
+    names = list(columns)
+    cells = [_csv_cells(list(columns[k])) for k in names]
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")  # pandas' writer: quoted where needed
+    out.writerow(names)
+    out.writerows(zip(*cells, strict=True))
+    return buf.getvalue()
+
+
+def _csv_cells(values: list) -> list[str]:
+    def kind(v) -> str:
+        if isinstance(v, bool | np.bool_):
+            return "bool"
+        if isinstance(v, int | np.integer):
+            return "int"
+        return "float"
+
+    kinds = {kind(v) for v in values}
+    if kinds == {"bool"} or kinds == {"int"}:
+        return [str(int(v) if kinds == {"int"} else bool(v)) for v in values]
+    if "bool" in kinds:
+        raise TypeError("csv_text: a column mixes booleans with numbers")
+    out = []
+    for v in values:
+        x = math.nan if v is None else float(v)
+        out.append("" if math.isnan(x) else repr(x))
+    return out
+
+
 def jsonable(x: Any) -> Any:
     """``x`` with numpy scalars as Python numbers, paths as strings and non-finite floats as
     ``None`` (NaN) or ``"inf"``/``"-inf"`` (JSON has neither)."""

@@ -43,6 +43,7 @@ from asyncsim._io import dump_toml
 from asyncsim._moved import deprecated_names
 from asyncsim.config import Scenario, drop_unused, to_dict
 from asyncsim.errors import ScenarioError
+from asyncsim.trace import FILES as TRACE_FILES
 
 SUMMARY = "summary.json"
 LOCK = ".lock"
@@ -81,10 +82,6 @@ def require_run_folder(folder: str | os.PathLike, *, scenario: bool = True) -> P
     """``folder`` as a Path if it holds a trace (and, with ``scenario``, its scenario.toml);
     otherwise a one-line :class:`RunFolderError` saying what it is instead: missing, a
     sweep folder (naming one of its points) or a folder without a trace."""
-    # Imported here: the trace module imports pandas (~0.5 s), and this module is on the CLI's
-    # error path, which reports a misspelt key before any heavy import (tests/test_cli.py).
-    from asyncsim.trace import FILES as TRACE_FILES
-
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"{folder}: no such run folder")

@@ -26,12 +26,22 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-from asyncsim._io import atomic, damaged, jsonable, read_csv, read_json, read_parquet, write_text
+from asyncsim._io import (
+    damaged,
+    jsonable,
+    read_csv,
+    read_json,
+    read_parquet,
+    write_parquet,
+    write_text,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GRAD_COLUMNS: dict[str, type] = {
     "learner": np.int32,
@@ -134,10 +144,14 @@ class Trace:
 
     def gradients_df(self) -> pd.DataFrame:
         """One row per applied gradient, as a pandas DataFrame."""
+        import pandas as pd  # here: a run never needs pandas (asyncsim._io.write_parquet)
+
         return pd.DataFrame(dict(self.grads))
 
     def updates_df(self) -> pd.DataFrame:
         """One row per update, as a pandas DataFrame."""
+        import pandas as pd
+
         return pd.DataFrame(dict(self.updates))
 
     def update_slice(self, v: int) -> slice:
@@ -198,6 +212,8 @@ class Trace:
         """Counts and frequencies of each staleness value (columns staleness, count, freq)."""
         tau = self.staleness[self.grads["apply_version"] >= skip]
         counts = np.bincount(tau) if tau.size else np.zeros(1, np.int64)
+        import pandas as pd
+
         return pd.DataFrame({
             "staleness": np.arange(counts.size),
             "count": counts,
@@ -252,8 +268,7 @@ class Trace:
         if self.num_down:
             tables.append(("trace_down", self.down))
         for name, table in tables:
-            with atomic(folder / f"{name}.parquet") as tmp:
-                pd.DataFrame(dict(table)).to_parquet(tmp, index=False)
+            write_parquet(folder / f"{name}.parquet", table)
         if not self.num_down:
             (folder / DOWN_FILE).unlink(missing_ok=True)  # another trace's, saved here before
         write_text(folder / "trace_meta.json",
@@ -316,6 +331,8 @@ def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.Dat
     simulated learner lost by going down (its pull to the moment it went down). The one
     reading of "down" that ``asyncsim timeline``, ``asyncsim calibrate`` and ``check_trace``
     share; a damaged ``restarts`` table is a one-line :class:`asyncsim._io.DamagedFile`."""
+    import pandas as pd
+
     away = []
     if trace.num_down:
         d = {k: np.asarray(v) for k, v in trace.down.items()}
@@ -343,6 +360,8 @@ def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.Dat
 
 def _restart_downs(trace: Trace, restarts: pd.DataFrame) -> pd.DataFrame:
     """A real run's down intervals, from its restarts table (see :func:`away_intervals`)."""
+    import pandas as pd
+
     rows = []
     for k, ev in restarts.sort_values("t", kind="stable").groupby("learner"):
         start = None

@@ -22,19 +22,19 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, atomic, damaged, npz_member, read_npz
+from asyncsim._io import DamagedFile, atomic, csv_text, damaged, npz_member, read_npz, write_parquet
 from asyncsim.config import Scenario
 from asyncsim.drivers.record import check_resume
+from asyncsim.drivers.result import RunResult
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.core import CoreState, param_hash
@@ -85,23 +85,6 @@ class Observer:
 
     def finish(self, driver: Driver) -> dict[str, Any]:
         return {}
-
-
-@dataclass
-class RunResult:
-    """A finished run: its trace, metrics (DataFrames), summary and final parameters."""
-
-    trace: Trace
-    summary: dict[str, Any]
-    evals: pd.DataFrame
-    updates: pd.DataFrame
-    params: Any
-    out: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def gradients(self) -> pd.DataFrame:
-        return self.trace.gradients_df()
 
 
 def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
@@ -537,11 +520,10 @@ class Driver:
                 self._observe(trace.num_updates)
             measured = self.monitor.finish(self)
         num, rec, final = self.num, self.rec, self.state
-        evals = pd.DataFrame([e.__dict__ for e in rec.evals])
-        upd = trace.updates_df()
-        n = min(len(rec.losses), len(upd))
-        upd = upd.iloc[:n].copy()
-        upd["train_loss"] = update_means(rec.losses[:n]).tolist()
+        evals = {k: [getattr(e, k) for e in rec.evals] for k in EvalRecord.__dataclass_fields__}
+        n = min(len(rec.losses), trace.num_updates)
+        upd = {k: v[:n] for k, v in trace.updates.items()}
+        upd["train_loss"] = np.asarray(update_means(rec.losses[:n]), np.float64)
         last = rec.evals[-1]
         trace_figures = trace.summary()
         summary = {
@@ -573,9 +555,8 @@ class Driver:
         if folder is not None:
             runs.add_provenance(folder, compilation_cache=compile_cache.stats())
             trace.save(folder)
-            runs.atomic_write_text(folder / "eval.csv", evals.to_csv(index=False))
-            with atomic(folder / "updates.parquet") as tmp:
-                upd.to_parquet(tmp, index=False)
+            runs.atomic_write_text(folder / "eval.csv", csv_text(evals))
+            write_parquet(folder / "updates.parquet", upd)
             save_params(folder, final.params)
             runs.write_summary(folder, summary)
             ck = folder / CKPT

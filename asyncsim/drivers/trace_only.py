@@ -9,9 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from asyncsim import runs
 from asyncsim.config import Scenario
@@ -20,6 +18,9 @@ from asyncsim.drivers.record import start_folder
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.cluster import Simulation, run_length
 from asyncsim.trace import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass

@@ -73,10 +73,14 @@ Shifted momentum at τ = 1 also has one: ``1 − β²`` (not in the papers; test
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from asyncsim.config import MOMENTUM_KINDS as CORE_MOMENTUM_KINDS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "MOMENTUM_KINDS",
@@ -372,6 +376,8 @@ def edge_table(taus, momenta=MOMENTUM_KINDS, betas=(0.0,)) -> pd.DataFrame:
             which P2 compares momentum kinds;
         asymptote: large-τ approximation of ``edge`` (:func:`asymptote`).
     """
+    import pandas as pd
+
     taus = np.asarray(taus, dtype=float).ravel()
     frames = []
     for kind in momenta:

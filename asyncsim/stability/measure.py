@@ -23,9 +23,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from asyncsim import _io
 from asyncsim.config import Scenario, to_dict
@@ -38,6 +36,9 @@ from asyncsim.stability.closed_form import edge
 from asyncsim.stability.measured import edges_of_traces
 from asyncsim.stability.sharpness import sharpness
 from asyncsim.trace import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def monitor_for(scn: Scenario) -> Sharpness | None:
@@ -114,6 +115,8 @@ class Sharpness:
     @property
     def table(self) -> pd.DataFrame:
         """The measurements along the run, one row per measurement (``sharpness.csv``)."""
+        import pandas as pd
+
         return pd.DataFrame(self.rows)
 
     def finish(self, driver: Driver) -> dict[str, Any]:
@@ -176,6 +179,8 @@ def sweep_edges(out: Path, points: Sequence[Mapping[str, Any]]) -> Path:
     round-robin closed form of that kind, whatever the schedule), staleness_mean,
     staleness_max.
     """
+    import pandas as pd
+
     groups: dict[str, list[tuple[str, Scenario, Trace]]] = {}
     for p in points:
         scn = p["scenario"]

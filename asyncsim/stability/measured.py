@@ -37,10 +37,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from asyncsim.config import Scenario
 from asyncsim.drivers.driver import numerics_for
@@ -50,6 +49,9 @@ from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
 from asyncsim.stability.closed_form import edge
 from asyncsim.trace import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "default_steps",
@@ -273,6 +275,8 @@ def edge_comparison(taus: Sequence[int], momenta: Sequence[str] = ("none",),
 
     Columns: tau, momentum, beta, closed_form, measured, rel_error, seconds.
     """
+    import pandas as pd
+
     rows = []
     for kind in momenta:
         for beta in ((0.0,) if kind == "none" else tuple(betas)):
