@@ -116,7 +116,8 @@ def _arrow(pa, a: np.ndarray):
     """A numpy column as an arrow array. Numbers are wrapped around their buffer: ``pa.array``
     would import pandas (pyarrow checks every input for a pandas object)."""
     if a.dtype.kind in "iuf" and a.ndim == 1:
-        a = np.ascontiguousarray(a)
+        # Arrow's buffers are little-endian and contiguous: a column that is not is copied.
+        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
         return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a),
                                      [None, pa.py_buffer(a)])
     return pa.array(a)

@@ -57,8 +57,11 @@ def test_write_parquet_reads_back_as_the_table_pandas_wrote(tmp_path):
                 "lost": np.where(rng.random(n) < 0.3, np.nan, rng.random(n)),
                 "u8": rng.integers(0, 255, n).astype(np.uint8),
                 "f32": rng.random(n).astype(np.float32),
-                "flag": rng.random(n) < 0.5}
+                "flag": rng.random(n) < 0.5,
+                "strided": rng.integers(0, 9, 2 * n)[::2],
+                "big_endian": rng.random(n).astype(">f8")}  # pandas' writer refuses it
         write_parquet(tmp_path / "ours.parquet", cols)
+        cols["big_endian"] = cols["big_endian"].astype("<f8")
         pd.DataFrame(cols).to_parquet(tmp_path / "pandas.parquet", index=False)
         ours = read_parquet(tmp_path / "ours.parquet")
         theirs = read_parquet(tmp_path / "pandas.parquet")
