@@ -144,13 +144,13 @@ class Trace:
 
     def gradients_df(self) -> pd.DataFrame:
         """One row per applied gradient, as a pandas DataFrame."""
-        import pandas as pd  # here: a run never needs pandas (asyncsim._io.write_parquet)
+        import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
         return pd.DataFrame(dict(self.grads))
 
     def updates_df(self) -> pd.DataFrame:
         """One row per update, as a pandas DataFrame."""
-        import pandas as pd
+        import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
         return pd.DataFrame(dict(self.updates))
 
@@ -212,7 +212,7 @@ class Trace:
         """Counts and frequencies of each staleness value (columns staleness, count, freq)."""
         tau = self.staleness[self.grads["apply_version"] >= skip]
         counts = np.bincount(tau) if tau.size else np.zeros(1, np.int64)
-        import pandas as pd
+        import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
         return pd.DataFrame({
             "staleness": np.arange(counts.size),
@@ -331,7 +331,7 @@ def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.Dat
     simulated learner lost by going down (its pull to the moment it went down). The one
     reading of "down" that ``asyncsim timeline``, ``asyncsim calibrate`` and ``check_trace``
     share; a damaged ``restarts`` table is a one-line :class:`asyncsim._io.DamagedFile`."""
-    import pandas as pd
+    import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
     away = []
     if trace.num_down:
@@ -360,7 +360,7 @@ def away_intervals(trace: Trace, restarts: pd.DataFrame | None = None) -> pd.Dat
 
 def _restart_downs(trace: Trace, restarts: pd.DataFrame) -> pd.DataFrame:
     """A real run's down intervals, from its restarts table (see :func:`away_intervals`)."""
-    import pandas as pd
+    import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
     rows = []
     for k, ev in restarts.sort_values("t", kind="stable").groupby("learner"):

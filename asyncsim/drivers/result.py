@@ -34,13 +34,13 @@ class RunResult:
 
     @functools.cached_property
     def evals(self) -> pd.DataFrame:
-        import pandas as pd
+        import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
         return pd.DataFrame(self.eval_columns)
 
     @functools.cached_property
     def updates(self) -> pd.DataFrame:
-        import pandas as pd
+        import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
         return pd.DataFrame(self.update_columns)
 

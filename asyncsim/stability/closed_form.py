@@ -376,7 +376,7 @@ def edge_table(taus, momenta=MOMENTUM_KINDS, betas=(0.0,)) -> pd.DataFrame:
             which P2 compares momentum kinds;
         asymptote: large-τ approximation of ``edge`` (:func:`asymptote`).
     """
-    import pandas as pd
+    import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
     taus = np.asarray(taus, dtype=float).ravel()
     frames = []

@@ -115,7 +115,7 @@ class Sharpness:
     @property
     def table(self) -> pd.DataFrame:
         """The measurements along the run, one row per measurement (``sharpness.csv``)."""
-        import pandas as pd
+        import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
         return pd.DataFrame(self.rows)
 
@@ -179,7 +179,7 @@ def sweep_edges(out: Path, points: Sequence[Mapping[str, Any]]) -> Path:
     round-robin closed form of that kind, whatever the schedule), staleness_mean,
     staleness_max.
     """
-    import pandas as pd
+    import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
     groups: dict[str, list[tuple[str, Scenario, Trace]]] = {}
     for p in points:

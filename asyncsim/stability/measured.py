@@ -275,7 +275,7 @@ def edge_comparison(taus: Sequence[int], momenta: Sequence[str] = ("none",),
 
     Columns: tau, momentum, beta, closed_form, measured, rel_error, seconds.
     """
-    import pandas as pd
+    import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
     rows = []
     for kind in momenta:
