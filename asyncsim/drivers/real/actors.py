@@ -60,7 +60,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import pandas as pd
 import ray  # the real driver is Ray's: this package is imported only for real runs
 
 from asyncsim import runs
@@ -527,6 +526,10 @@ class PSImpl:
             meta.update({"short_rounds_allowed": True, "short_rounds": [int(v) for v in short]})
         trace = Trace.from_columns(self.g, self.u, meta)
         if self.folder is not None:
+            # Here: the learners' processes import this module, and pandas is 0.3 s of each
+            # one's start (a run never imports it: docs/design.md).
+            import pandas as pd
+
             cols = ["event", "learner", "batch", "read_version", "t_pull", "t", "version",
                     "error"]
             runs.atomic_write_text(self.folder / RESTARTS_FILE,
