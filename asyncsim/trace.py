@@ -210,10 +210,10 @@ class Trace:
 
     def staleness_histogram(self, *, skip: int = 0) -> pd.DataFrame:
         """Counts and frequencies of each staleness value (columns staleness, count, freq)."""
-        tau = self.staleness[self.grads["apply_version"] >= skip]
-        counts = np.bincount(tau) if tau.size else np.zeros(1, np.int64)
         import pandas as pd  # here: a run never imports pandas (docs/design.md)
 
+        tau = self.staleness[self.grads["apply_version"] >= skip]
+        counts = np.bincount(tau) if tau.size else np.zeros(1, np.int64)
         return pd.DataFrame({
             "staleness": np.arange(counts.size),
             "count": counts,
