@@ -215,20 +215,35 @@ def model_label(source: Path) -> str:
                              for f in folders})) or "?"
 
 
-def add_caption(fig, *sources: Path, note: str = "") -> None:
-    """A small footer under the figure saying what it was made from
-    (:func:`describe_runs`), so that a PNG copied out of ``figures/`` still says which data,
-    model and scale it shows; ``note`` adds figure-specific context."""
+def caption_text(*sources: Path, note: str = "", width_in: float) -> str:
+    """The footer :func:`add_caption` writes, wrapped for a figure ``width_in`` inches wide
+    (fontsize 7): what the figure was made from (:func:`describe_runs`) after ``note``; ""
+    when there is nothing to say."""
     text = describe_runs(*sources)
     if note:
         text = f"{note} Runs: {text}" if text else note
     elif text:
         text = f"Runs: {text}"
     if not text:
-        return
-    width = max(60, int(fig.get_figwidth() * 17))  # characters per line at fontsize 7
-    fig.text(0.01, 0.0, textwrap.fill(text, width), fontsize=7, ha="left", va="top",
-             color="0.3")
+        return ""
+    return textwrap.fill(text, max(60, int(width_in * 17)))  # characters per line at 7 pt
+
+
+def add_caption(fig, *sources: Path, note: str = "") -> None:
+    """A small footer under the figure saying what it was made from
+    (:func:`describe_runs`), so that a PNG copied out of ``figures/`` still says which data,
+    model and scale it shows; ``note`` adds figure-specific context. It hangs below the
+    figure's canvas: save with ``bbox_inches="tight"`` (:func:`save`)."""
+    text = caption_text(*sources, note=note, width_in=fig.get_figwidth())
+    if text:
+        fig.text(0.01, 0.0, text, fontsize=7, ha="left", va="top", color="0.3")
+
+
+def footer_height(text: str) -> float:
+    """Inches a :func:`caption_text` footer takes at the bottom of a figure's canvas (its
+    lines at 7 pt with matplotlib's 1.2 line spacing, and a margin), for a figure that
+    reserves room for it and is saved in one pass, without ``bbox_inches="tight"``."""
+    return (text.count("\n") + 1) * 7 * 1.2 / 72 + 0.12 if text else 0.0
 
 
 def save(fig, data: pd.DataFrame, out_dir: Path, name: str, *,

@@ -5,6 +5,7 @@ Reads one run folder (``eval.csv``, the trace, ``summary.json``); never reruns a
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -16,19 +17,39 @@ from asyncsim._io import read_csv, read_json, read_toml
 from asyncsim.config import rule_label
 from asyncsim.trace import Trace
 
-from ._common import add_caption
+from ._common import caption_text, footer_height
 
 NAME = "quickstart"
 DRAWS = "run"  # one run folder (the figures of sweeps leave this at its default, "sweep")
 
 
+WIDTH, HEIGHT = 9.0, 3.4  # inches of the two panels, the footer comes below
+
+
 def draw(run_dir: Path, out_dir: Path) -> list[Path]:
+    fig, evals = figure(run_dir)
+    png, csv = out_dir / f"{NAME}.png", out_dir / f"{NAME}.csv"
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    evals.to_csv(csv, index=False)
+    return [png, csv]
+
+
+def figure(run_dir: Path):
+    """The figure of ``run_dir`` (laid out, not drawn) and the eval table it plots."""
     evals = read_csv(run_dir / "eval.csv")
     trace = Trace.load(run_dir)
     summary = read_json(run_dir / "summary.json")
     scn = read_toml(run_dir / "scenario.toml")
     hist = trace.staleness_histogram()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    # `asyncsim run` waits for this figure, so it is drawn in one pass (0.10 s, against
+    # 0.15 s with tight_layout and bbox_inches="tight": each lays the text out in a pass of
+    # its own). Its layout is fixed, in inches: both panels' y axes span [0, 1], so their
+    # tick labels are short; the title's lines and the footer's are counted; the footer's
+    # room is reserved on the canvas, not found by bbox_inches="tight".
+    caption = caption_text(run_dir, width_in=WIDTH)
+    foot = footer_height(caption)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH, HEIGHT + foot))
     a.plot(evals["sim_time"], evals["test_error"], marker="o", ms=3)
     a.set_xlabel("simulated time")
     a.set_ylabel("test error")
@@ -40,16 +61,17 @@ def draw(run_dir: Path, out_dir: Path) -> list[Path]:
     b.set_title(f"mean {summary['staleness_mean']:.2f}, max {summary['staleness_max']}",
                 fontsize=9)
     proto = scn["protocol"]
-    fig.suptitle(
-        f"{scn['name']}: {scn['cluster']['learners']} learners, {proto['kind']}"
-        f"{' n=' + str(proto['n']) if 'n' in proto else ''}, lr rule "
-        f"{rule_label(scn['optimizer']['lr_rule'])}, {scn['model']['name']} on "
-        f"{scn['data']['name']} "
-        f"({summary['epochs']:.1f} epochs, seed {scn['seed']})", fontsize=8)
-    fig.tight_layout()
-    add_caption(fig, run_dir)
-    png, csv = out_dir / f"{NAME}.png", out_dir / f"{NAME}.csv"
-    fig.savefig(png, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    evals.to_csv(csv, index=False)
-    return [png, csv]
+    title = (f"{scn['name']}: {scn['cluster']['learners']} learners, {proto['kind']}"
+             f"{' n=' + str(proto['n']) if 'n' in proto else ''}, lr rule "
+             f"{rule_label(scn['optimizer']['lr_rule'])}, {scn['model']['name']} on "
+             f"{scn['data']['name']} ({summary['epochs']:.1f} epochs, seed {scn['seed']})")
+    # Wrapped to the canvas (8 pt: ~140 characters in 9 inches), which does not grow.
+    title = textwrap.fill(title, 140)
+    fig.suptitle(title, fontsize=8)
+    tall = HEIGHT + foot
+    fig.subplots_adjust(left=0.7 / WIDTH, right=1 - 0.1 / WIDTH, bottom=(foot + 0.55) / tall,
+                        top=1 - (0.5 + 0.16 * title.count("\n")) / tall, wspace=0.22)
+    if caption:
+        fig.text(0.01, (foot - 0.06) / tall, caption, fontsize=7, ha="left",
+                 va="top", color="0.3")
+    return fig, evals

@@ -134,6 +134,45 @@ def _same_files(a: list[Path], b: list[Path]) -> None:
         assert x.read_bytes() == y.read_bytes(), x.name
 
 
+def test_quickstart_figure_is_laid_out_in_one_pass_with_nothing_cut_or_overlapping(
+        tiny_run, tmp_path):
+    """`asyncsim run` waits for the quickstart figure, so it is laid out by hand (no
+    tight_layout, no bbox_inches="tight": one draw). Its title, its two panels (tick labels,
+    axis labels and titles included) and its footer lie on the canvas and do not overlap --
+    also with a title long enough to wrap onto a second line."""
+    import tomllib
+
+    import matplotlib.pyplot as plt
+    from asyncsim.analysis import quickstart
+
+    long = tmp_path / "run"
+    shutil.copytree(tiny_run, long)
+    scn = tomllib.loads((long / "scenario.toml").read_text())
+    scn["name"] = "a-scenario-name-long-enough-to-wrap-the-title-" * 2
+    (long / "scenario.toml").write_text(dump_toml(scn))
+    for run, title_lines in ((tiny_run, 1), (long, 2)):
+        fig, _ = quickstart.figure(run)
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        title = fig._suptitle
+        assert title.get_text().count("\n") + 1 == title_lines
+        footer = fig.texts[-1]
+        assert footer.get_text().startswith("Runs:")
+        # A panel's tight box holds what it draws: its tick labels, axis labels and title.
+        boxes = {"title": title.get_window_extent(r), "footer": footer.get_window_extent(r)}
+        boxes.update({f"panel {i}": ax.get_tightbbox(r) for i, ax in enumerate(fig.axes)})
+        canvas = fig.bbox
+        for name, bb in boxes.items():
+            assert (bb.x0 >= canvas.x0 - 0.5 and bb.y0 >= canvas.y0 - 0.5
+                    and bb.x1 <= canvas.x1 + 0.5 and bb.y1 <= canvas.y1 + 0.5), (run, name)
+        names = list(boxes)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                # 8 pixels (0.08 in) apart at least: closer, two texts read as one
+                assert not boxes[a].padded(4).overlaps(boxes[b].padded(4)), (run, a, b)
+        plt.close(fig)
+
+
 def test_asyncsim_run_draws_in_its_worker_the_files_drawn_here(tiny_run, tmp_path,
                                                                 monkeypatch):
     """The worker runs the same figure code on the same folder in another process: the
