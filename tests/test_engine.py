@@ -465,3 +465,43 @@ def test_unfinished_folder_needs_resume(tmp_path, tiny):
     with pytest.raises(RunFolderError, match="--resume"):
         run(tiny(), out=out)
     assert Path(out / "scenario.toml").exists()
+
+
+def test_the_first_evaluation_computes_while_the_run_goes_on_and_is_the_same(tiny):
+    """The driver dispatches the evaluation of the initial parameters and fetches it at the
+    next evaluation (asyncsim.drivers.recorder.Recorder.evaluate_later): its row is the
+    one an evaluation waited for gives, to the bit, and comes first; so are the chunked
+    evaluation's, dispatched whole and summed later."""
+    scn = tiny(run={"updates": 6, "eval_every": 3, "eval_samples": 150})
+    res = run(scn)
+    assert list(res.evals["version"]) == [0, 3, 6]
+    num = Numerics(scn)
+    params = num.init_params()
+    loss, err = num.evaluate(params, samples=150)
+    row = res.evals.iloc[0]
+    assert (row["test_loss"], row["test_error"]) == (float(loss), float(err))
+    for batch in (40, 1000):  # four chunks (the last one short), one
+        later = num.evaluate(params, samples=150, batch=batch, wait=False)
+        now = num.evaluate(params, samples=150, batch=batch)
+        assert later() == now and later() == now  # the same pair, as often as it is read
+
+
+def test_a_recorder_adds_an_evaluation_computing_before_any_later_one():
+    from asyncsim.drivers.recorder import Recorder
+    from asyncsim.numerics.numerics import EvalRecord
+
+    def rec(v):
+        return EvalRecord(v, v, float(v), 0.0, float("nan"), 1.0, 0.5)
+
+    calls = []
+    r = Recorder()
+    r.evaluate_later(lambda: calls.append(0) or rec(0))
+    assert calls == []  # not fetched until read
+    r.evals.append(rec(3))  # reading the list adds it first
+    assert [e.version for e in r.evals] == [0, 3] and calls == [0]
+    r.evaluate_later(lambda: calls.append(6) or rec(6))
+    r.evaluate_later(lambda: calls.append(9) or rec(9))  # the one before is added first
+    assert calls == [0, 6] and [e.version for e in r.evals] == [0, 3, 6, 9]
+    r.evaluate_later(lambda: calls.append(12) or rec(12))
+    r.evals = [rec(0)]  # replaced: the one computing with the rest
+    assert [e.version for e in r.evals] == [0] and calls == [0, 6, 9]

@@ -34,6 +34,7 @@ from asyncsim import runs
 from asyncsim._io import DamagedFile, atomic, csv_text, damaged, npz_member, read_npz, write_parquet
 from asyncsim.config import Scenario
 from asyncsim.drivers.record import check_resume
+from asyncsim.drivers.recorder import Recorder, eval_record
 from asyncsim.drivers.result import RunResult
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
@@ -107,25 +108,6 @@ def message_bytes(scn: Scenario, *, always: bool = False) -> int | None:
         return None
     model = build_model(scn)  # a ScenarioError under `model` for an option it refuses
     return 4 * num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
-
-
-class Recorder:
-    """A run's batch losses (per update, fetched from the device in bulk) and evaluations."""
-
-    def __init__(self):
-        self.pending: list[jax.Array] = []  # losses of updates not fetched yet
-        self.losses: list[np.ndarray] = []  # per update: the batch losses, fetched
-        self.evals: list[EvalRecord] = []
-
-    def flush(self) -> None:
-        """Fetch the pending losses."""
-        if self.pending:
-            self.losses.extend(np.asarray(x) for x in jax.device_get(self.pending))
-            self.pending = []
-
-    def first_loss(self) -> float:
-        """The reference of the divergence rule: the mean |batch loss| of the first update."""
-        return float(np.mean(np.abs(self.losses[0]))) if self.losses else math.nan
 
 
 def first_diverged(losses: list[np.ndarray], base: int, first_loss: float) -> int | None:
@@ -434,16 +416,21 @@ class Driver:
         loss that is not finite, or ``DIVERGED_FACTOR`` times the first evaluation's, stops
         the run: the update before it diverged."""
         r = self.scn.run
-        if result is None:
-            result = self.num.evaluate(self.state.params, samples=r.eval_samples)
-        test_loss, test_err = (float(x) for x in result)
         recent = self.rec.losses[max(version - max(r.eval_every, 1), 0):version]
         train_loss = float(np.mean(np.concatenate(recent))) if recent else math.nan
-        g = self.grads_applied
-        self.rec.evals.append(EvalRecord(version=version, gradients=g, sim_time=self.now,
-                                         epoch=self.num.epoch_of(g), train_loss=train_loss,
-                                         test_loss=test_loss, test_error=test_err))
-        first = self.rec.evals[0].test_loss
+        fields = dict(version=version, gradients=self.grads_applied, sim_time=self.now,
+                      epoch=self.num.epoch_of(self.grads_applied), train_loss=train_loss)
+        if result is None and version == 0:
+            # Nothing is checked against the first evaluation until the next one: it is
+            # fetched then (Recorder.evaluate_later), and computes meanwhile.
+            pending = self.num.evaluate(self.state.params, samples=r.eval_samples, wait=False)
+            self.rec.evaluate_later(lambda: eval_record(fields, pending()))
+            return
+        if result is None:
+            result = self.num.evaluate(self.state.params, samples=r.eval_samples)
+        evals = self.rec.evals
+        evals.append(eval_record(fields, result))
+        test_loss, first = evals[-1].test_loss, evals[0].test_loss
         limit = DIVERGED_FACTOR * abs(first) if math.isfinite(first) else math.inf
         if (version > 0 and self.diverged_at is None
                 and not (math.isfinite(test_loss) and test_loss <= limit)):

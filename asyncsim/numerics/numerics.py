@@ -405,24 +405,30 @@ class Numerics:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, params, *, samples: int | None = None, batch: int = 1000,
-                 program=None, split: str = "test"):
+                 program=None, split: str = "test", wait: bool = True):
         """(loss, error) on the first ``samples`` examples of the ``split`` set ("test", or
         "train" for the generalization gap), the means of ``batch``-sized chunks weighted
         by their sizes (in float64). ``program``: the ``(params, x, y) -> (loss, error)`` to
         evaluate with (default: the model's; a vmapped sweep passes its program over stacked
-        parameters and gets arrays, one value per point)."""
+        parameters and gets arrays, one value per point). ``wait=False``: the chunks are
+        dispatched and a function returning the pair is returned at once, so the device
+        computes them while the caller goes on (the same pair, to the bit)."""
         program = program or self._eval_batch
         if split not in ("test", "train"):
             raise ValueError(f"split must be 'test' or 'train', got {split!r}")
         x, y = (self.x_test, self.y_test) if split == "test" else (self.x_train, self.y_train)
         n = x.shape[0] if samples is None else min(samples, x.shape[0])
-        tot_l = tot_e = np.float64(0.0)
-        for s in range(0, n, batch):
-            e = min(s + batch, n)
-            loss, err = program(params, x[s:e], y[s:e])
-            tot_l = tot_l + np.asarray(loss, np.float64) * (e - s)
-            tot_e = tot_e + np.asarray(err, np.float64) * (e - s)
-        return tot_l / max(n, 1), tot_e / max(n, 1)
+        chunks = [(*program(params, x[s:min(s + batch, n)], y[s:min(s + batch, n)]),
+                   min(s + batch, n) - s) for s in range(0, n, batch)]
+
+        def result():
+            tot_l = tot_e = np.float64(0.0)
+            for loss, err, size in chunks:
+                tot_l = tot_l + np.asarray(loss, np.float64) * size
+                tot_e = tot_e + np.asarray(err, np.float64) * size
+            return tot_l / max(n, 1), tot_e / max(n, 1)
+
+        return result() if wait else result
 
     def epoch_of(self, gradients: int) -> float:
         return gradients * self.mu / self.n_train
