@@ -125,7 +125,7 @@ def main(argv=None) -> dict[str, list[float]]:
 
     print(f"ml_dtypes {ml_dtypes.__version__}")
     # Set, every process compiles asyncsim's own modules from source (Python writes no
-    # .pyc): ~0.08 s of each run here, cold and warm, that a default Python does not pay.
+    # .pyc): 0.06-0.1 s of each run here that a default Python does not pay.
     print(f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r} "
           "(inherited by the runs)")
     return times

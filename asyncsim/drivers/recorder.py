@@ -41,7 +41,7 @@ class Recorder:
         the device computes it while the run goes on. The driver defers the first
         evaluation, before the first update, which nothing is checked against until the
         next evaluation: its computation overlaps the update program's tracing and loading
-        (0.08-0.1 s of a 1.5 s warm smoke quickstart, benchmarks/bench_startup.py)."""
+        (0.06-0.1 s of a 1.5 s warm smoke quickstart, benchmarks/bench_startup.py)."""
         self._settle()  # one computing at a time, in order
         self._computing = record
 

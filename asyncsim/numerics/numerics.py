@@ -418,8 +418,10 @@ class Numerics:
             raise ValueError(f"split must be 'test' or 'train', got {split!r}")
         x, y = (self.x_test, self.y_test) if split == "test" else (self.x_train, self.y_train)
         n = x.shape[0] if samples is None else min(samples, x.shape[0])
-        chunks = [(*program(params, x[s:min(s + batch, n)], y[s:min(s + batch, n)]),
-                   min(s + batch, n) - s) for s in range(0, n, batch)]
+        chunks = ((*program(params, x[s:min(s + batch, n)], y[s:min(s + batch, n)]),
+                   min(s + batch, n) - s) for s in range(0, n, batch))
+        if not wait:  # all dispatched now; waiting, each is fetched before the next starts
+            chunks = list(chunks)
 
         def result():
             tot_l = tot_e = np.float64(0.0)
