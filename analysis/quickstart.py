@@ -49,7 +49,8 @@ def figure(run_dir: Path):
     # room is reserved on the canvas, not found by bbox_inches="tight".
     caption = caption_text(run_dir, width_in=WIDTH)
     foot = footer_height(caption)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH, HEIGHT + foot))
+    tall = HEIGHT + foot
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH, tall))
     a.plot(evals["sim_time"], evals["test_error"], marker="o", ms=3)
     a.set_xlabel("simulated time")
     a.set_ylabel("test error")
@@ -68,7 +69,6 @@ def figure(run_dir: Path):
     # Wrapped to the canvas (8 pt: ~140 characters in 9 inches), which does not grow.
     title = textwrap.fill(title, 140)
     fig.suptitle(title, fontsize=8)
-    tall = HEIGHT + foot
     fig.subplots_adjust(left=0.7 / WIDTH, right=1 - 0.1 / WIDTH, bottom=(foot + 0.55) / tall,
                         top=1 - (0.5 + 0.16 * title.count("\n")) / tall, wspace=0.22)
     if caption:

@@ -418,8 +418,8 @@ class Numerics:
             raise ValueError(f"split must be 'test' or 'train', got {split!r}")
         x, y = (self.x_test, self.y_test) if split == "test" else (self.x_train, self.y_train)
         n = x.shape[0] if samples is None else min(samples, x.shape[0])
-        chunks = ((*program(params, x[s:min(s + batch, n)], y[s:min(s + batch, n)]),
-                   min(s + batch, n) - s) for s in range(0, n, batch))
+        spans = [(s, min(s + batch, n)) for s in range(0, n, batch)]
+        chunks = ((*program(params, x[s:e], y[s:e]), e - s) for s, e in spans)
         if not wait:  # all dispatched now; waiting, each is fetched before the next starts
             chunks = list(chunks)
 
