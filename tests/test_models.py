@@ -317,3 +317,62 @@ def test_dense_input_parts_expand_to_the_gradient(name, opts):
                     strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
     assert get_model("cifar10-full").dense_input is None  # convolutional: no such layer
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_normals_are_the_draws_one_by_one_to_the_bit(seed):
+    # One program for every layer's draw (a warm run's init was one program per layer
+    # shape): each entry is jax.random.normal with its split key, bit for bit; None leaves
+    # its key unused without moving the others.
+    from asyncsim.numerics.models.base import normals
+
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), 3)
+    shapes = [(5, 5, 3, 32), None, (1024, 10), (7,), None]
+    keys = jax.random.split(key, len(shapes))
+    got = normals(key, shapes)
+    assert [g is None for g in got] == [s is None for s in shapes]
+    for k, s, g in zip(keys, shapes, got, strict=True):
+        if s is not None:
+            assert isinstance(g, np.ndarray) and g.shape == s
+            np.testing.assert_array_equal(_bits(g), _bits(jax.random.normal(k, s, jnp.float32)))
+    # Traced (jax.eval_shape, as drivers size a model), the same shapes.
+    traced = jax.eval_shape(lambda k: normals(k, shapes), key)
+    assert [None if t is None else t.shape for t in traced] == shapes
+
+
+def test_builtin_inits_are_scaled_draws_one_by_one():
+    # The initial weights are float32(normal draw) * float32(std), drawn one layer at a time
+    # with the layer's split key: pinned here for P1's network (He init) and a Fixup ResNet
+    # (layers that start at zero leave their keys unused), so batching the draws into one
+    # program changed no model's initial weights.
+    from asyncsim.numerics.numerics import init_key
+
+    key = init_key(4)
+    m = get_model("cifar10-full")
+    p = m.init(key)
+    keys = jax.random.split(key, 4)
+    for k, layer in zip(keys, ["conv1", "conv2", "conv3", "fc"], strict=True):
+        shape = p[layer]["w"].shape
+        want = np.asarray(jax.random.normal(k, shape, jnp.float32)) * np.float32(
+            np.sqrt(2.0 / np.prod(shape[:-1])))
+        np.testing.assert_array_equal(_bits(p[layer]["w"]), _bits(want))
+        np.testing.assert_array_equal(np.asarray(p[layer]["b"]), 0.0)
+    r = get_model("resnet20", norm="none")
+    pr = r.init(key)
+    convs = [name for name in pr if "conv" in name]  # conv_in, s1_b0_conv1, s1_b0_conv2, ..
+    rkeys = jax.random.split(key, len(convs) + 1)
+    # conv_in is plain He; s1_b0_conv1 is He rescaled by L^(-1/2), its second
+    # starts at zero; the classifier starts at zero (Fixup).
+    w_in = np.asarray(jax.random.normal(rkeys[0], (3, 3, 3, 16), jnp.float32)) * np.float32(
+        np.sqrt(2.0 / 27))
+    np.testing.assert_array_equal(_bits(pr["conv_in"]["w"]), _bits(w_in))
+    assert convs[1:3] == ["s1_b0_conv1", "s1_b0_conv2"] and len(convs) == 19
+    w1 = np.asarray(jax.random.normal(rkeys[1], (3, 3, 16, 16), jnp.float32)) * np.float32(
+        np.sqrt(2.0 / 144))
+    w1 = w1 * np.float32(9 ** -0.5)  # 9 residual blocks
+    np.testing.assert_array_equal(_bits(pr["s1_b0_conv1"]["w"]), _bits(w1))
+    assert not np.any(np.asarray(pr[convs[2]]["w"])) and not np.any(np.asarray(pr["fc"]["w"]))

@@ -220,18 +220,37 @@ def conv2d(x: jax.Array, w: jax.Array, stride: int = 1, pad: int | str = "SAME")
     )
 
 
-# Initialisers run once per run, op by op. Each JAX op on a new shape is a program to trace,
-# lower and compile (or load from the compilation cache), so the scaling, the zeros and the
-# key splitting are done on the host: numpy's float32 multiply rounds as XLA's does, so the
-# values are the bits the device ops gave. (Jitting a whole init would fuse the scaling into
-# the sampler and change the last bits of every model's initial weights.)
-def he_normal(key: jax.Array, shape: Sequence[int], fan_in: int) -> jax.Array:
-    return scaled_normal(key, shape, math.sqrt(2.0 / fan_in))
+# Initialisers run once per run. Each JAX op on a new shape is a program to trace, lower and
+# compile (or load from the compilation cache): a warm run paid ~0.05 s for each layer's
+# draw. So a model's normal draws are one program (:func:`normals`: the key split and every
+# layer's draw, the bits of drawing them one by one), and the scaling and the zeros are done
+# on the host: numpy's float32 multiply rounds as XLA's does, so the values are the bits the
+# device ops gave. (Jitting a whole init would fuse the scaling into the sampler and change
+# the last bits of every model's initial weights.)
+def normals(key: jax.Array, shapes: Sequence[Sequence[int] | None]) -> list:
+    """float32 ``N(0, 1)`` draws: entry ``i`` is ``jax.random.normal(keys[i], shapes[i])``
+    with ``keys = jax.random.split(key, len(shapes))``, or None where ``shapes[i]`` is None
+    (that key is left unused). One compiled program for all of them, the same bits as the
+    draws one by one (tests/test_models.py); host arrays, or tracers when ``key`` is traced
+    (an init under ``jax.eval_shape`` or ``jit``)."""
+    shapes = tuple(None if s is None else tuple(int(d) for d in s) for s in shapes)
+    if isinstance(key, jax.core.Tracer):
+        return _normals(key, shapes)
+    return [None if x is None else np.asarray(x) for x in _normals_jit(key, shapes)]
 
 
-def scaled_normal(key: jax.Array, shape: Sequence[int], std: float) -> jax.Array:
-    """``std * N(0, 1)`` of ``shape`` in float32 (``jax.random.normal``'s draw)."""
-    return scaled(jax.random.normal(key, tuple(shape), jnp.float32), std)
+def _normals(key: jax.Array, shapes: tuple) -> list:
+    keys = jax.random.split(key, len(shapes))
+    return [None if s is None else jax.random.normal(keys[i], s, jnp.float32)
+            for i, s in enumerate(shapes)]
+
+
+_normals_jit = jax.jit(_normals, static_argnums=1)
+
+
+def he_std(fan_in: int) -> float:
+    """He et al. (2015)'s standard deviation ``sqrt(2 / fan_in)``."""
+    return math.sqrt(2.0 / fan_in)
 
 
 def scaled(x: jax.Array, factor: float) -> jax.Array:
@@ -251,10 +270,3 @@ def zeros(shape: Sequence[int]) -> jax.Array:
 def ones(shape: Sequence[int]) -> jax.Array:
     """float32 ones for an initialiser, with no program to compile."""
     return jax.device_put(np.ones(tuple(shape), np.float32))
-
-
-def split_keys(key: jax.Array, n: int) -> list[np.ndarray]:
-    """``jax.random.split(key, n)`` as a list of host keys (iterating a device array of
-    keys compiles a program to unstack it)."""
-    keys = jax.random.split(key, n)
-    return list(keys) if isinstance(keys, jax.core.Tracer) else list(np.asarray(keys))

@@ -14,12 +14,11 @@ from asyncsim.numerics.models.base import (
     PyTree,
     classifier,
     conv2d,
-    he_normal,
+    he_std,
+    normals,
     ones,
     register_model,
     scaled,
-    scaled_normal,
-    split_keys,
     zeros,
 )
 
@@ -104,15 +103,11 @@ def cifar10_full(*, lrn: bool = True, init: str = "he", num_classes: int = 10) -
     caffe_std = {"conv1": 1e-4, "conv2": 1e-2, "conv3": 1e-2, "fc": 1e-2}
 
     def init_fn(key: jax.Array) -> PyTree:
-        keys = split_keys(key, len(shapes))
+        draws = normals(key, list(shapes.values()))
         params = {}
-        for k, (layer, shape) in zip(keys, shapes.items(), strict=True):
-            fan_in = int(np.prod(shape[:-1]))
-            if init == "he":
-                w = he_normal(k, shape, fan_in)
-            else:
-                w = scaled_normal(k, shape, caffe_std[layer])
-            params[layer] = {"w": w, "b": zeros((shape[-1],))}
+        for n01, (layer, shape) in zip(draws, shapes.items(), strict=True):
+            std = he_std(int(np.prod(shape[:-1]))) if init == "he" else caffe_std[layer]
+            params[layer] = {"w": scaled(n01, std), "b": zeros((shape[-1],))}
         return params
 
     def norm(h: jax.Array) -> jax.Array:
@@ -157,16 +152,21 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
     num_blocks = len(blocks)
 
     def init_fn(key: jax.Array) -> PyTree:
-        keys = split_keys(key, len(convs) + 1)
+        # One key per conv and one for the classifier; a layer that starts at zero draws
+        # nothing with its key.
+        fixup_zero = [norm == "none" and last for _, _, _, _, last in convs]
+        draws = normals(key, [None if zero else (3, 3, ci, co) for zero, (_, ci, co, _, _)
+                              in zip(fixup_zero, convs, strict=True)]
+                        + [None if norm == "none" else (chans[-1], num_classes)])
         params: dict[str, dict[str, jax.Array]] = {}
-        for k, (layer, ci, co, _, last) in zip(keys[:-1], convs, strict=True):
+        for n01, (layer, ci, co, _, last) in zip(draws[:-1], convs, strict=True):
             if norm == "none" and last:
                 w = zeros((3, 3, ci, co))  # Fixup: branch starts at zero
             elif norm == "none" and layer != "conv_in":
                 # Fixup rescales the branch's other layers by L^(-1/(2m-2)), m = 2 layers.
-                w = scaled(he_normal(k, (3, 3, ci, co), 9 * ci), num_blocks ** (-0.5))
+                w = scaled(scaled(n01, he_std(9 * ci)), num_blocks ** (-0.5))
             else:
-                w = he_normal(k, (3, 3, ci, co), 9 * ci)
+                w = scaled(n01, he_std(9 * ci))
             params[layer] = {"w": w}
             if norm == "batch":
                 # BN scale/shift; the conv needs no bias in front of BN.
@@ -179,7 +179,7 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
         fc_w = (
             zeros((chans[-1], num_classes))  # Fixup zero-inits the classifier
             if norm == "none"
-            else scaled_normal(keys[-1], (chans[-1], num_classes), 1.0 / math.sqrt(chans[-1]))
+            else scaled(draws[-1], 1.0 / math.sqrt(chans[-1]))
         )
         params["fc"] = {"w": fc_w, "b": zeros((num_classes,))}
         return params

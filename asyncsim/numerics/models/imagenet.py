@@ -21,9 +21,10 @@ from asyncsim._checks import flag, integer
 from asyncsim.numerics.models.base import (
     Model,
     classifier,
-    he_normal,
+    he_std,
+    normals,
     register_model,
-    split_keys,
+    scaled,
     zeros,
 )
 
@@ -72,10 +73,10 @@ def alexnet(*, num_classes: int = 1000, image_size: int = 227, lrn: bool = True)
     }
 
     def init_fn(key):
-        keys = split_keys(key, len(shapes))
-        return {name: {"w": he_normal(k, shp, int(np.prod(shp[:-1]))),
+        draws = normals(key, list(shapes.values()))
+        return {name: {"w": scaled(n01, he_std(int(np.prod(shp[:-1])))),
                        "b": zeros((shp[-1],))}
-                for k, (name, shp) in zip(keys, shapes.items(), strict=True)}
+                for n01, (name, shp) in zip(draws, shapes.items(), strict=True)}
 
     def norm(h):
         return _lrn_across(h) if lrn else h

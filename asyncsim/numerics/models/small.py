@@ -17,11 +17,11 @@ from asyncsim.numerics.models.base import (
     Model,
     PyTree,
     classifier,
-    he_normal,
+    he_std,
+    normals,
     register_model,
     scaled,
     softmax_xent,
-    split_keys,
     zeros,
 )
 
@@ -75,14 +75,14 @@ def mlp(
     names = [f"dense{i + 1}" for i in range(len(sizes) - 2)] + ["fc"]
 
     def init_fn(key: jax.Array) -> PyTree:
-        keys = split_keys(key, len(names))
+        draws = normals(key, list(zip(sizes[:-1], sizes[1:], strict=True)))
         return {
             name: {
-                "w": scaled(he_normal(k, (a, b), a),
+                "w": scaled(scaled(n01, he_std(a)),
                             hidden_gain if name != "fc" else math.sqrt(0.5)),
                 "b": zeros((b,)),
             }
-            for k, name, a, b in zip(keys, names, sizes[:-1], sizes[1:], strict=True)
+            for n01, name, a, b in zip(draws, names, sizes[:-1], sizes[1:], strict=True)
         }
 
     def features(x: jax.Array) -> jax.Array:
@@ -139,7 +139,7 @@ def linear(*, input_shape: Sequence[int] = (32, 32, 3), num_classes: int | None 
 
     def init_fn(key: jax.Array) -> PyTree:
         del key  # deterministic: the convex problem has a unique-ish optimum anyway
-        return {"fc": {"w": jnp.zeros((d, out), jnp.float32), "b": jnp.zeros((out,), jnp.float32)}}
+        return {"fc": {"w": zeros((d, out)), "b": zeros((out,))}}
 
     def features(x: jax.Array) -> jax.Array:
         return x.reshape(x.shape[0], -1)
