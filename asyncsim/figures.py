@@ -285,4 +285,7 @@ def _warm_up() -> None:
 if __name__ == "__main__":  # python -m asyncsim.figures --serve NAME (FigureWorker)
     if len(sys.argv) != 3 or sys.argv[1] != "--serve":
         sys.exit("usage: python -m asyncsim.figures --serve NAME")
+    from asyncsim._process import tune_gc
+
+    tune_gc()  # (its imports: 0.10-0.14 s of collections with the defaults, 0.05 s with it)
     sys.exit(_serve(sys.argv[2]))

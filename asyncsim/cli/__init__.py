@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from asyncsim._process import tune_gc
 from asyncsim.cli.parser import build_parser
 from asyncsim.errors import ScenarioError
 from asyncsim.runs import ONE_LINE_ERRORS
@@ -84,9 +85,11 @@ class _ExitWithoutTeardown:
 def console() -> None:
     """The ``asyncsim`` command and ``python -m asyncsim.cli``: :func:`main`, with the
     exit status it returns, without the interpreter's teardown (:class:`_ExitWithoutTeardown`).
-    In-process callers (the tests, a notebook) call :func:`main`, which returns."""
+    In-process callers (the tests, a notebook) call :func:`main`, which returns, and keep
+    their garbage collector's settings; this process takes asyncsim's (:func:`tune_gc`)."""
     finish = _ExitWithoutTeardown()
     atexit.register(finish)
+    tune_gc()
     code = main()
     finish.code = code
     sys.exit(code)
