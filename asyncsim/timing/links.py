@@ -184,8 +184,10 @@ class FairLink(SharedLink):
         ev = Event(env)
         args = (float(nbytes), ev, then, t0)
         if before is not None:
-            # The learner's link first: the transfer starts then.
-            env.call_at(before, self._hop_cb, args)
+            # The learner's link first: the transfer starts then (Environment.call_at,
+            # inline: once per push).
+            heappush(env._wakes, (env._now + before, NORMAL, next(env._eid), self._hop_cb,
+                                  args))
         elif nbytes > 0:
             self._start(args)
         else:
@@ -231,7 +233,10 @@ class FairLink(SharedLink):
         it still waits (one that went down sends nothing further)."""
         ev, then, t0 = args
         if ev.callbacks:
-            _fire(self.env, ev, then.next(t0))
+            # _fire, inline (once per pull): the event succeeds after the learner's link.
+            env = self.env
+            ev._ok, ev._value = True, None
+            heappush(env._queue, (env._now + then.next(t0), NORMAL, next(env._eid), ev))
 
     def _schedule(self, env: Environment, heap: list, v: float) -> None:
         """The wake-up for the first transfer to end, if nothing starts meantime (one
@@ -288,7 +293,16 @@ class FairLink(SharedLink):
                 alone = head
             else:
                 self._leave(head[3], head[4], head[5])
-        self._schedule(env, heap, v)
+        # self._schedule(env, heap, v), inline: this is the wake-up's own tail.
+        self._gen = gen = self._gen + 1
+        self._early = False
+        if heap:
+            self._pending = True
+            left = heap[0][0] - v
+            heappush(env._wakes, (now + (left if left > 0.0 else 0.0) * len(heap)
+                                  / self.bandwidth, NORMAL, next(env._eid), self._wake_cb, gen))
+        else:
+            self._pending = False
         if alone is not None:
             _, _, _, ev, then, t0 = alone
             if then is None:
