@@ -12,8 +12,9 @@ come and go (``cluster.availability``: exponential up periods of mean 50 and dow
 mean 10 compute times, so a sixth of the time is down and gradients are lost), alone and with
 each shared interface; and fair sharing at 10x that bandwidth (the interface a tenth
 loaded: fewer transfers overlap). Reports gradients per CPU second of this process (its CPU
-time, not the wall clock: other work on the machine then moves the ratios less) and the
-ratios to the timed private links.
+time, not the wall clock: other work on the machine then moves the ratios less; the best
+run of each row) and each row's ratio to the timed private links, taken per pair of runs
+side by side (the median and the range over the repeats).
 
     python benchmarks/bench_links.py [--gradients 200000] [--repeat 5]
 """
@@ -21,6 +22,7 @@ ratios to the timed private links.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,19 +67,33 @@ def main(argv=None) -> dict[str, float]:
             "+ avail., fair": ("fair", 1e8, True, 1.0),
             "+ fair, 10x bw": ("fair", 1e8, False, 10.0),
             "+ avail., fair, 10x bw": ("fair", 1e8, True, 10.0)}
+    def timed(name: str) -> float:
+        sharing, private, churn, headroom = rows[name]
+        scn = scenario(sharing, a.gradients, private=private, churn=churn, headroom=headroom)
+        t0 = time.process_time()
+        simulate(scn)
+        return time.process_time() - t0
+
+    base = "private links"
     best: dict[str, float] = {}
-    for _ in range(a.repeat):  # interleaved, the best of each
-        for name, (sharing, private, churn, headroom) in rows.items():
-            scn = scenario(sharing, a.gradients, private=private, churn=churn,
-                           headroom=headroom)
-            t0 = time.process_time()
-            simulate(scn)
-            best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
-    base = best["private links"]
-    for name, t in best.items():
-        print(f"{name:<23} {a.gradients / t:>12,.0f} gradients/CPU s   {t / base:5.2f}x the "
-              "timed private links' time")
-    return best
+    ratios: dict[str, list[float]] = {name: [] for name in rows}
+    for r in range(a.repeat):
+        for name in rows:
+            # Each row right beside a run of the timed private links, in turn first and
+            # second: its ratio is taken per pair, so a slow spell of the machine (this one's
+            # speed drifts by 10-20% over seconds) slows both runs of a pair, not one row's.
+            pair = [name] if name == base else ([base, name] if r % 2 else [name, base])
+            t = {n: timed(n) for n in pair}
+            for n, v in t.items():
+                best[n] = min(best.get(n, float("inf")), v)
+            ratios[name].append(t[name] / t[base])
+    print(f"{'':<23} {'gradients/CPU s':>15}   x the timed private links' time: median of "
+          f"{a.repeat} pairs [range]")
+    for name in rows:
+        q = sorted(ratios[name])
+        print(f"{name:<23} {a.gradients / best[name]:>15,.0f}   {statistics.median(q):5.2f}x "
+              f"[{q[0]:.2f}-{q[-1]:.2f}]")
+    return {name: statistics.median(q) for name, q in ratios.items()}
 
 
 if __name__ == "__main__":
