@@ -293,16 +293,7 @@ class FairLink(SharedLink):
                 alone = head
             else:
                 self._leave(head[3], head[4], head[5])
-        # self._schedule(env, heap, v), inline: this is the wake-up's own tail.
-        self._gen = gen = self._gen + 1
-        self._early = False
-        if heap:
-            self._pending = True
-            left = heap[0][0] - v
-            heappush(env._wakes, (now + (left if left > 0.0 else 0.0) * len(heap)
-                                  / self.bandwidth, NORMAL, next(env._eid), self._wake_cb, gen))
-        else:
-            self._pending = False
+        self._schedule(env, heap, v)
         if alone is not None:
             _, _, _, ev, then, t0 = alone
             if then is None:
