@@ -5,10 +5,12 @@ Each row is a fresh ``python -m asyncsim.cli run SCENARIO --profile smoke`` proc
 user types it, timed on the wall clock from the parent (interpreter start, imports, the
 run, the figure, the exit). A round runs, in turn: cold (a new, empty ``ASYNCSIM_CACHE_DIR``),
 warm (the same folder again), and the same pair with ``--no-figure``; the table gives the
-best and the median of the rounds and warm / cold (issue target: <= 0.35 for the smoke
-quickstart). Every run of a round must end with the same ``param_hash`` and every warm run
-must load all its programs from the cache (provenance.json's ``compilation_cache``), or the
-script exits 1: the cache may make a run faster, never different.
+best and the median of the rounds, and warm / cold three ways: of the bests, of the
+medians, and per round (each warm run over the cold run just before it: the median and
+the range; issue target: <= 0.35 for the smoke quickstart). Every run of a round must end
+with the same ``param_hash`` and every warm run must load all its programs from the cache
+(provenance.json's ``compilation_cache``), or the script exits 1: the cache may make a run
+faster, never different.
 
 The imports are timed the same way, each in a fresh interpreter (best of the rounds):
 ``import ml_dtypes`` alone is in the table because one release of it (0.7.0: its ufunc loops'
@@ -117,10 +119,16 @@ def main(argv=None) -> dict[str, list[float]]:
     print(f"{'':<28} {'best':>8} {'median':>8}")
     for name, ts in times.items():
         print(f"{name:<28} {min(ts):>7.2f}s {statistics.median(ts):>7.2f}s")
+    print(f"{'':<28} {'bests':>8} {'medians':>8}   {'per round: median [range]'}")
     for suffix in ("", ", --no-figure"):
         cold, warm = times[f"cold{suffix}"], times[f"warm{suffix}"]
+        # Each round's warm run follows its cold one: their ratio, pair by pair, moves less
+        # with the machine's drifting speed than a ratio of bests or of medians.
+        rounds = sorted(w / c for w, c in zip(warm, cold, strict=True))
         print(f"warm / cold{suffix:<17} {min(warm) / min(cold):>8.2f} "
-              f"{statistics.median(warm) / statistics.median(cold):>8.2f}   (target <= 0.35)")
+              f"{statistics.median(warm) / statistics.median(cold):>8.2f}   "
+              f"{statistics.median(rounds):.2f} [{rounds[0]:.2f}-{rounds[-1]:.2f}]"
+              "   (target <= 0.35)")
     import ml_dtypes  # after the timings: this process's own import is not measured
 
     print(f"ml_dtypes {ml_dtypes.__version__}")
