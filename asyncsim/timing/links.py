@@ -184,10 +184,8 @@ class FairLink(SharedLink):
         ev = Event(env)
         args = (float(nbytes), ev, then, t0)
         if before is not None:
-            # The learner's link first: the transfer starts then (Environment.call_at,
-            # inline: once per push).
-            heappush(env._wakes, (env._now + before, NORMAL, next(env._eid), self._hop_cb,
-                                  args))
+            # The learner's link first: the transfer starts then.
+            env.call_at(before, self._hop_cb, args)
         elif nbytes > 0:
             self._start(args)
         else:
@@ -233,10 +231,7 @@ class FairLink(SharedLink):
         it still waits (one that went down sends nothing further)."""
         ev, then, t0 = args
         if ev.callbacks:
-            # _fire, inline (once per pull): the event succeeds after the learner's link.
-            env = self.env
-            ev._ok, ev._value = True, None
-            heappush(env._queue, (env._now + then.next(t0), NORMAL, next(env._eid), ev))
+            _fire(self.env, ev, then.next(t0))
 
     def _schedule(self, env: Environment, heap: list, v: float) -> None:
         """The wake-up for the first transfer to end, if nothing starts meantime (one
