@@ -178,9 +178,10 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
 class FigureWorker:
     """A process that imports figure ``name``'s module now and draws it later.
 
-    ``asyncsim run`` starts one before a run whose scenario names a figure, so that the
-    figure's imports (matplotlib, about half a second of every such run) overlap the run
-    instead of following it; :meth:`draw` then hands it the finished run folder and waits.
+    ``asyncsim run`` starts one for a run whose scenario names a figure, before it imports
+    JAX (:func:`asyncsim.cli.commands.early_worker`), so that the figure's imports
+    (matplotlib, about half a second of every such run) overlap its own instead of following
+    the run; :meth:`draw` then hands it the finished run folder and waits.
     It runs :func:`draw_figure` on the same folder, so it writes the same files; if it
     fails in any way (it died, it could not import, the figure raised), :meth:`draw` draws
     the figure in this process instead, so a figure's error is raised here as without the

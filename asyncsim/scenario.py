@@ -225,16 +225,17 @@ def load_scenario(
                         if validate else ()):
             check(checked, base_dir=bdir)
     except ScenarioError as e:
-        raise _attributed(e, file, overrides) from None
+        raise attributed(e, file, overrides) from None
     if file is not None:
         scn = dataclasses.replace(scn, source=str(file))
     return scn
 
 
-def _attributed(e: ScenarioError, file: str | None,
-                overrides: Iterable[str | tuple[str, Any]]) -> ScenarioError:
+def attributed(e: ScenarioError, file: str | None,
+               overrides: Iterable[str | tuple[str, Any]]) -> ScenarioError:
     """``e`` attributed to what set its key: the last ``--set KEY=VALUE`` that set it (the
-    last one wins when they are applied), else the file. A refused parameter the file set,
+    last one wins when they are applied), else the file (also for a check made after the
+    load: ``asyncsim run``'s of ``[figure]``). A refused parameter the file set,
     after ``--set TABLE.kind=...`` (the file's parameters of the old kind stay), says how to
     replace the whole table."""
     items = [parse_override(o) if isinstance(o, str) else tuple(o) for o in overrides]

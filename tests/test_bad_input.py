@@ -272,6 +272,23 @@ def test_set_attribution_takes_the_last_set_and_survives_any_value(tmp_path, cap
     assert "--set protocol.n=0: protocol.n" in err and "replace the table" not in err
 
 
+def test_a_figure_refused_is_named_by_what_set_it(tmp_path, capsys):
+    """``[figure] name`` is checked after the scenario loads (asyncsim run): a --set of it
+    is named as the load names its own keys' --set, the file otherwise; nothing is left."""
+    path = _scenario(tmp_path, figure={"name": "quickstart"})
+    out = tmp_path / "r"
+    assert main(["run", str(path), "--set", "figure.name=quickstar", "--out", str(out),
+                 "--quiet"]) == 2
+    err = _one_line(capsys)
+    assert err.startswith("asyncsim: error: --set figure.name=quickstar: figure.name: unknown "
+                          "figure 'quickstar'") and "did you mean 'quickstart'" in err
+    path = _scenario(tmp_path, figure={"name": "p2_f3"})  # a sweep's figure, a single run
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    assert _one_line(capsys).startswith(f"asyncsim: error: {path}: figure.name: 'p2_f3' draws "
+                                        "a sweep")
+    assert not out.exists()
+
+
 def test_replay_accepts_a_timing_set_that_changes_nothing(tmp_path, capsys):
     path = _scenario(tmp_path, cluster={"learners": 4}, protocol={"kind": "softsync", "n": 2})
     src = tmp_path / "src"

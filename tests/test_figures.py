@@ -217,6 +217,98 @@ def test_a_worker_not_used_is_ended_at_once_without_drawing(tmp_path):
     assert proc.returncode == -signal.SIGTERM and worker._proc is None
 
 
+class _Recorded(FigureWorker):
+    """A FigureWorker that logs its start, its draw and its end (in ``log``)."""
+
+    log: list = []
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.log.append(("start", name, self))
+
+    def draw(self, *a, **k):
+        self.log.append(("draw", self.name, self))
+        return super().draw(*a, **k)
+
+    def close(self):
+        self.log.append(("close", self.name, self, self._proc is not None))
+        super().close()
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The workers ``asyncsim run`` starts, and when it validates its scenario (the load
+    that imports JAX)."""
+    from asyncsim.cli import commands
+
+    log = _Recorded.log = []
+    monkeypatch.setattr(figures, "FigureWorker", _Recorded)
+    load = commands.load_args
+
+    def load_args(args, *, validate=True):
+        log.append(("load", validate))
+        return load(args, validate=validate)
+
+    monkeypatch.setattr(commands, "load_args", load_args)
+    return log
+
+
+def test_asyncsim_run_starts_its_worker_before_the_load_that_imports_jax(tmp_path,
+                                                                          recorded):
+    """The worker's imports overlap this process's imports, not the run (cli/commands.py
+    early_worker): it is started between the quick load and the validating one, and it is
+    the one worker that draws."""
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml(dict(TINY, figure={"name": "quickstart"})))
+    assert main(["run", str(path), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    (_, validate), start, (_, validated), draw, end = recorded
+    assert (validate, validated) == (False, True)
+    assert start[:2] == ("start", "quickstart") and draw == ("draw", "quickstart", start[2])
+    assert end == ("close", "quickstart", start[2], False)  # it had drawn: nothing to end
+    assert [p.name for p in (tmp_path / "run").glob("quickstart.*")] != []
+
+
+def test_a_worker_started_early_is_ended_when_the_validating_load_refuses(tmp_path,
+                                                                            recorded, capsys):
+    """An unknown model passes the quick load (a registry check): the worker started after
+    it is ended when the validating load refuses the scenario, which is reported as without
+    the worker, and no folder is left."""
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml(dict(TINY, model={"name": "no-such-model"},
+                                   figure={"name": "quickstart"})))
+    assert main(["run", str(path), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    assert "model.name: unknown model 'no-such-model'" in capsys.readouterr().err
+    assert [e[0] for e in recorded] == ["load", "start", "load", "close"]
+    assert recorded[3][3] and recorded[1][2]._proc is None  # ended, not left running
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("case", ["draws", "no-figure", "sweep", "trace-only", "bad key"])
+def test_which_runs_start_their_worker_early(tmp_path, case):
+    """Only a single run that will draw its figure: not with --no-figure, not a sweep or a
+    trace-only run (they draw no run folder's figure here), not a scenario the quick load
+    refuses (the full load reports it)."""
+    from asyncsim.cli.commands import early_worker
+    from asyncsim.cli.parser import build_parser
+
+    scn = dict(TINY, figure={"name": "quickstart"})
+    flags = ["--no-figure"] if case == "no-figure" else []
+    if case == "sweep":
+        scn["sweep"] = {"seed": [1, 2]}
+    elif case == "trace-only":
+        scn["run"] = {"updates": 30, "trace_only": True}
+    elif case == "bad key":
+        scn["run"] = {"updates": 30, "bogus": 1}
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml(scn))
+    worker = early_worker(build_parser().parse_args(["run", str(path), *flags]))
+    if case == "draws":
+        with worker:
+            assert worker.name == "quickstart" and worker._proc.poll() is None
+    else:
+        assert worker is None
+
+
 def test_what_a_figure_draws_is_read_from_its_source_without_importing_matplotlib():
     code = ("import json, sys; from asyncsim.figures import drawable_figures, figure_draws; "
             "print(json.dumps({n: figure_draws(n) for n in drawable_figures()})); "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from asyncsim import runs
 from asyncsim.errors import ScenarioError
-from asyncsim.scenario import load_run_scenario, load_scenario
+from asyncsim.scenario import attributed, load_run_scenario, load_scenario
 
 
 def refuse_with_resume(args) -> None:
@@ -30,9 +30,9 @@ def refuse_with_resume(args) -> None:
                             "changed scenario: start a new run instead)", file="asyncsim")
 
 
-def load_args(args):
+def load_args(args, *, validate: bool = True):
     return load_scenario(args.scenario, profile=getattr(args, "profile", None),
-                         overrides=args.overrides, seed=args.seed)
+                         overrides=args.overrides, seed=args.seed, validate=validate)
 
 
 def print_summary(summary: dict, keys=None) -> None:
@@ -55,13 +55,16 @@ def figure_to_draw(args, scn) -> bool:
         return False
     from asyncsim.figures import check_figure, check_figure_fits
 
-    name = check_figure(scn.figure["name"])
     try:
-        check_figure_fits(name, scn)
-    except ScenarioError:
-        if not getattr(args, "resume", None):
-            raise
-        return False
+        name = check_figure(scn.figure["name"])
+        try:
+            check_figure_fits(name, scn)
+        except ScenarioError:
+            if not getattr(args, "resume", None):
+                raise
+            return False
+    except ScenarioError as e:  # named by the --set that set it, if one did
+        raise attributed(e, scn.source, getattr(args, "overrides", None) or ()) from None
     return True
 
 
@@ -85,27 +88,62 @@ def cmd_trace(args, scn=None) -> int:
     return 0
 
 
+def early_worker(args):
+    """The figure worker of ``asyncsim run SCENARIO``, started before the scenario is
+    validated (which imports JAX), or None.
+
+    The worker's imports (matplotlib, pandas: ~1.5 s of CPU) then overlap this process's
+    own imports, which use one core, instead of the run's first seconds, whose XLA programs
+    use both cores of a small machine: of 20 warm smoke quickstarts interleaved with the
+    worker started after the load, 18 ended sooner, the median by 5% (README, "Start-up").
+    Its figure is read from the scenario resolved without the
+    registry checks (:func:`~asyncsim.scenario.load_scenario`, ``validate=False``, the same
+    file, profile and ``--set``); where that fails, or names no single run's figure, none
+    is started here and the full load reports what is wrong, as without it."""
+    if args.resume or getattr(args, "no_figure", False):
+        return None
+    try:
+        scn = load_args(args, validate=False)
+        if scn.sweep or scn.run.trace_only or not figure_to_draw(args, scn):
+            return None
+    except ScenarioError:
+        return None
+    from asyncsim.figures import FigureWorker
+
+    return FigureWorker(scn.figure["name"])
+
+
 def cmd_run(args) -> int:
     if not args.resume and not args.scenario:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
     from asyncsim.figures import FigureWorker
 
-    if args.resume:
-        refuse_with_resume(args)
-        out = runs.resume_folder(args.resume)
-        scn = load_run_scenario(out)
-    else:
-        scn = load_args(args)
-    draw = figure_to_draw(args, scn)
-    if scn.sweep and not args.resume:
-        return _sweep(args, scn, trace_only=scn.run.trace_only)
-    if scn.run.trace_only and not args.resume:
-        return cmd_trace(args, scn)  # what its scenario.toml says: timing only
-    if not args.resume:
-        out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
-    fig = scn.figure.get("name") if draw else None
-    # The figure's imports (matplotlib) in a second process, while this one runs.
-    with FigureWorker(fig) if fig else contextlib.nullcontext() as worker:
+    # Every worker started here is ended on the way out unless it has drawn (a refused or
+    # failed run, a sweep, a trace-only run: FigureWorker.close).
+    with contextlib.ExitStack() as workers:
+        worker = early_worker(args)
+        if worker is not None:
+            workers.enter_context(worker)
+        if args.resume:
+            refuse_with_resume(args)
+            out = runs.resume_folder(args.resume)
+            scn = load_run_scenario(out)
+        else:
+            scn = load_args(args)
+        draw = figure_to_draw(args, scn)
+        if scn.sweep and not args.resume:
+            return _sweep(args, scn, trace_only=scn.run.trace_only)
+        if scn.run.trace_only and not args.resume:
+            return cmd_trace(args, scn)  # what its scenario.toml says: timing only
+        if not args.resume:
+            out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
+        fig = scn.figure.get("name") if draw else None
+        if worker is not None and worker.name != fig:
+            worker.close()
+            worker = None
+        if worker is None and fig:
+            # The figure's imports (matplotlib) in a second process, while this one runs.
+            worker = workers.enter_context(FigureWorker(fig))
         from asyncsim.api import run
 
         result = run(scn, out=out, resume=bool(args.resume), force=args.force,
