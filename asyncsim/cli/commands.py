@@ -96,10 +96,11 @@ def early_worker(args):
     own imports, which use one core, instead of the run's first seconds, whose XLA programs
     use both cores of a small machine: of 20 warm smoke quickstarts interleaved with the
     worker started after the load, 18 ended sooner, the median by 5% (README, "Start-up").
-    Its figure is read from the scenario resolved without the
-    registry checks (:func:`~asyncsim.scenario.load_scenario`, ``validate=False``, the same
-    file, profile and ``--set``); where that fails, or names no single run's figure, none
-    is started here and the full load reports what is wrong, as without it."""
+    Its figure is read from the scenario resolved without the registry checks
+    (:func:`~asyncsim.scenario.load_scenario`, ``validate=False``: the same file, profile
+    and ``--set``); where that fails, or names no single run's figure, none is started here
+    and the full load reports what is wrong, as without it. :func:`cmd_run` ends it if the
+    full load refuses the scenario or draws another figure."""
     if args.resume or getattr(args, "no_figure", False):
         return None
     try:
