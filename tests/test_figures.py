@@ -309,6 +309,19 @@ def test_which_runs_start_their_worker_early(tmp_path, case):
         assert worker is None
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="no /dev/stdin")
+def test_a_piped_scenario_is_read_once(tmp_path):
+    """A scenario piped in (``asyncsim run /dev/stdin``) can be read only once: the early
+    worker's quick load must not take it, or the full load reads nothing and runs the
+    defaults."""
+    out = tmp_path / "run"
+    text = dump_toml(dict(TINY, name="piped", run={"updates": 5, "trace_only": True}))
+    r = subprocess.run([sys.executable, "-m", "asyncsim.cli", "run", "/dev/stdin", "--out",
+                        str(out), "--quiet"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (out / "scenario.toml").read_text().startswith('name = "piped"')
+
+
 def test_what_a_figure_draws_is_read_from_its_source_without_importing_matplotlib():
     code = ("import json, sys; from asyncsim.figures import drawable_figures, figure_draws; "
             "print(json.dumps({n: figure_draws(n) for n in drawable_figures()})); "

@@ -103,6 +103,8 @@ def early_worker(args):
     full load refuses the scenario or draws another figure."""
     if args.resume or getattr(args, "no_figure", False):
         return None
+    if not Path(args.scenario).is_file():
+        return None  # a pipe (/dev/stdin) or a FIFO is read once, by the full load
     try:
         scn = load_args(args, validate=False)
         if scn.sweep or scn.run.trace_only or not figure_to_draw(args, scn):
