@@ -289,6 +289,15 @@ def test_a_figure_refused_is_named_by_what_set_it(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_path_that_cannot_be_checked_is_one_line(tmp_path, capsys):
+    """A file name too long for the OS: the load's one line, for every verb that reads a
+    scenario (asyncsim run checks the path first, for its figure's worker)."""
+    path = str(tmp_path / ("a" * 300 + ".toml"))
+    for verb in ("run", "trace"):
+        assert main([verb, path, "--quiet"]) == 2
+        assert "cannot read the file" in _one_line(capsys)
+
+
 def test_replay_accepts_a_timing_set_that_changes_nothing(tmp_path, capsys):
     path = _scenario(tmp_path, cluster={"learners": 4}, protocol={"kind": "softsync", "n": 2})
     src = tmp_path / "src"

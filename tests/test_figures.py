@@ -283,6 +283,49 @@ def test_a_worker_started_early_is_ended_when_the_validating_load_refuses(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_a_worker_for_a_file_changed_between_the_loads_is_ended_before_the_trace(
+        tmp_path, recorded, monkeypatch):
+    """The quick load saw a run with a figure; the full load, a trace-only scenario (the
+    file changed in between): the worker is ended before the trace runs, not after it."""
+    from asyncsim.cli import commands
+
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml(dict(TINY, figure={"name": "quickstart"})))
+    load = commands.load_args
+
+    def load_args(args, *, validate=True):
+        if validate:
+            path.write_text(dump_toml(dict(TINY, run={"updates": 5, "trace_only": True})))
+        return load(args, validate=validate)
+
+    monkeypatch.setattr(commands, "load_args", load_args)
+    trace = commands.cmd_trace
+
+    def cmd_trace(args, scn=None):
+        recorded.append(("trace",))
+        return trace(args, scn)
+
+    monkeypatch.setattr(commands, "cmd_trace", cmd_trace)
+    assert main(["run", str(path), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert [e[0] for e in recorded] == ["load", "start", "load", "close", "trace", "close"]
+    # ended before the trace; the way out finds nothing left to end
+    assert recorded[3][3] and not recorded[5][3] and recorded[1][2]._proc is None
+
+
+def test_the_quick_load_imports_no_jax(tmp_path):
+    """What makes the early start pay: the worker is started before this process imports
+    JAX (in a fresh interpreter; this one has it already)."""
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml(dict(TINY, figure={"name": "quickstart"})))
+    code = ("import sys; from asyncsim.cli.commands import early_worker; "
+            "from asyncsim.cli.parser import build_parser; "
+            f"w = early_worker(build_parser().parse_args(['run', {str(path)!r}])); "
+            "print(w.name, 'jax' in sys.modules); w.close()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["quickstart", "False"]
+
+
 @pytest.mark.parametrize("case", ["draws", "no-figure", "sweep", "trace-only", "bad key"])
 def test_which_runs_start_their_worker_early(tmp_path, case):
     """Only a single run that will draw its figure: not with --no-figure, not a sweep or a

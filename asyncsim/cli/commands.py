@@ -8,6 +8,7 @@ imports inside the commands.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -103,8 +104,11 @@ def early_worker(args):
     full load refuses the scenario or draws another figure."""
     if args.resume or getattr(args, "no_figure", False):
         return None
-    if not Path(args.scenario).is_file():
-        return None  # a pipe (/dev/stdin) or a FIFO is read once, by the full load
+    if not os.path.isfile(args.scenario):
+        # A pipe (/dev/stdin) or a FIFO is read once, by the full load; a path that cannot
+        # be checked (too long, no permission) is reported by it too (os.path.isfile, not
+        # Path.is_file, which raises there on Python 3.11).
+        return None
     try:
         scn = load_args(args, validate=False)
         if scn.sweep or scn.run.trace_only or not figure_to_draw(args, scn):
@@ -121,8 +125,8 @@ def cmd_run(args) -> int:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
     from asyncsim.figures import FigureWorker
 
-    # Every worker started here is ended on the way out unless it has drawn (a refused or
-    # failed run, a sweep, a trace-only run: FigureWorker.close).
+    # Every worker started here is ended unless it draws (FigureWorker.close): on the way out
+    # of a refused or failed run, and before a sweep or a trace-only run.
     with contextlib.ExitStack() as workers:
         worker = early_worker(args)
         if worker is not None:
@@ -134,16 +138,18 @@ def cmd_run(args) -> int:
         else:
             scn = load_args(args)
         draw = figure_to_draw(args, scn)
+        single = args.resume or not (scn.sweep or scn.run.trace_only)
+        fig = scn.figure.get("name") if draw and single else None
+        if worker is not None and worker.name != fig:
+            # The file changed between the two loads: not this figure, or not a single run.
+            worker.close()
+            worker = None
         if scn.sweep and not args.resume:
             return _sweep(args, scn, trace_only=scn.run.trace_only)
         if scn.run.trace_only and not args.resume:
             return cmd_trace(args, scn)  # what its scenario.toml says: timing only
         if not args.resume:
             out = Path(args.out) if args.out else runs.default_out(scn, args.profile)
-        fig = scn.figure.get("name") if draw else None
-        if worker is not None and worker.name != fig:
-            worker.close()
-            worker = None
         if worker is None and fig:
             # The figure's imports (matplotlib) in a second process, while this one runs.
             worker = workers.enter_context(FigureWorker(fig))
