@@ -152,15 +152,15 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
     num_blocks = len(blocks)
 
     def init_fn(key: jax.Array) -> PyTree:
-        # One key per conv and one for the classifier; a layer that starts at zero draws
-        # nothing with its key.
-        fixup_zero = [norm == "none" and last for _, _, _, _, last in convs]
-        draws = normals(key, [None if zero else (3, 3, ci, co) for zero, (_, ci, co, _, _)
-                              in zip(fixup_zero, convs, strict=True)]
+        # One key per conv and one for the classifier. Fixup starts each branch's last conv
+        # and the classifier at zero: those draw nothing with their keys (None), and None
+        # is what makes them zeros below.
+        draws = normals(key, [None if norm == "none" and last else (3, 3, ci, co)
+                              for _, ci, co, _, last in convs]
                         + [None if norm == "none" else (chans[-1], num_classes)])
         params: dict[str, dict[str, jax.Array]] = {}
-        for n01, (layer, ci, co, _, last) in zip(draws[:-1], convs, strict=True):
-            if norm == "none" and last:
+        for n01, (layer, ci, co, _, _) in zip(draws[:-1], convs, strict=True):
+            if n01 is None:
                 w = zeros((3, 3, ci, co))  # Fixup: branch starts at zero
             elif norm == "none" and layer != "conv_in":
                 # Fixup rescales the branch's other layers by L^(-1/(2m-2)), m = 2 layers.
@@ -178,7 +178,7 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
                 params[layer]["b"] = zeros((co,))
         fc_w = (
             zeros((chans[-1], num_classes))  # Fixup zero-inits the classifier
-            if norm == "none"
+            if draws[-1] is None
             else scaled(draws[-1], 1.0 / math.sqrt(chans[-1]))
         )
         params["fc"] = {"w": fc_w, "b": zeros((num_classes,))}
