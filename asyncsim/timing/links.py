@@ -30,6 +30,7 @@ interface never reaches it.
 from __future__ import annotations
 
 from heapq import heappop, heappush
+from itertools import count
 
 import simpy
 from simpy.core import EmptySchedule, StopSimulation
@@ -142,8 +143,8 @@ class FairLink(SharedLink):
     It keeps a virtual clock, the bytes each transfer in progress has been given,
     ``V(t) = integral of bandwidth / n(t) dt``: a transfer started at ``V0`` with ``b`` bytes
     ends when ``V`` reaches ``V0 + b``, so the transfers form a heap by that target and an
-    event costs O(log n), not O(n). One wake-up is pending at a time (in the
-    :class:`Environment`'s wake-up queue); a transfer that starts meanwhile slows the
+    event costs O(log n), not O(n). One wake-up is pending while a transfer is under way (in
+    the :class:`Environment`'s wake-up queue); a transfer that starts meanwhile slows the
     others, so the pending wake-up may come early and then just schedules the next one; a
     transfer that ends before the others supersedes it.
     """
@@ -159,10 +160,9 @@ class FairLink(SharedLink):
         super().__init__(env, bandwidth)
         # (target, seq, bytes, event, the learner's link after the interface, its t0)
         self._heap: list[tuple] = []
-        self._seq = 0
+        self._seq = count()  # the order transfers started in (ties: see _wake)
         self._v = 0.0  # the virtual clock V, as of time self._t
         self._t = 0.0
-        self._pending = False  # a wake-up is scheduled
         self._early = False  # a transfer started since, so it comes early
         self._gen = 0  # the current wake-up (a superseded one is ignored)
         # Bound once: they go into the wake-up queue for every transfer.
@@ -182,12 +182,13 @@ class FairLink(SharedLink):
         waits: as the learner would have drawn it)."""
         env = self.env
         ev = Event(env)
-        args = (float(nbytes), ev, then, t0)
         if before is not None:
-            # The learner's link first: the transfer starts then.
-            env.call_at(before, self._hop_cb, args)
+            # The learner's link first: the transfer starts then (Environment.call_at,
+            # inline: this and _wake are the fair link's every-transfer code).
+            heappush(env._wakes, (env._now + before, NORMAL, next(env._eid), self._hop_cb,
+                                  (nbytes, ev, then, t0)))
         elif nbytes > 0:
-            self._start(args)
+            self._start(nbytes, ev, then, t0)
         else:
             self._leave(ev, then, t0)
         return ev
@@ -196,26 +197,27 @@ class FairLink(SharedLink):
         # Off the learner's link; one that went down meanwhile sends nothing.
         if args[1].callbacks:
             if args[0] > 0:
-                self._start(args)
+                self._start(*args)
             else:
                 self._leave(*args[1:])
 
-    def _start(self, args: tuple) -> None:
+    def _start(self, nbytes: float, ev: Event, then, t0: float) -> None:
         env = self.env
         now = env._now
         heap = self._heap
+        v = self._v
         if heap and now > self._t:  # the virtual clock, advanced to now
-            self._v += (now - self._t) * self.bandwidth / len(heap)
+            self._v = v = v + (now - self._t) * self.bandwidth / len(heap)
         self._t = now
-        item = (self._v + args[0], self._seq, *args)  # (.., bytes, event, then, t0)
+        item = (v + nbytes, next(self._seq), nbytes, ev, then, t0)
         heappush(heap, item)
-        self._seq += 1
-        if self._pending and heap[0] is not item:
-            # It slows the others: the pending wake-up now comes early (and reschedules).
+        if heap[0] is not item:
+            # Others are under way, so a wake-up is pending; this one slows them: the
+            # wake-up now comes early (and reschedules).
             self._early = True
         else:
-            # Nothing scheduled, or this one ends first (a smaller transfer): wake for it.
-            self._schedule(env, heap, self._v)
+            # The only one, or it ends first (a smaller transfer): wake for it.
+            self._schedule(env, heap, v)
 
     def _leave(self, ev: Event, then, t0: float) -> None:
         """The message has crossed the interface now: its event fires, or it goes on to the
@@ -234,63 +236,81 @@ class FairLink(SharedLink):
             _fire(self.env, ev, then.next(t0))
 
     def _schedule(self, env: Environment, heap: list, v: float) -> None:
-        """The wake-up for the first transfer to end, if nothing starts meantime (one
-        pending at a time; a former one is superseded). ``v``: the virtual clock now."""
+        """The wake-up for the first transfer to end, if nothing starts meantime (pending
+        while a transfer is under way; a former one is superseded). ``v``: the virtual clock
+        now. (_wake has this inline: keep the two the same.)"""
         self._gen = gen = self._gen + 1
         self._early = False
-        if not heap:
-            self._pending = False
-            return
-        self._pending = True
-        left = heap[0][0] - v
-        # Environment.call_at, inline: this runs about 1.5 times per transfer (measured:
-        # 2-5% of a fair cluster's time; inlining the calls around it gave nothing).
-        heappush(env._wakes, (env._now + (left if left > 0.0 else 0.0) * len(heap)
-                              / self.bandwidth, NORMAL, next(env._eid), self._wake_cb, gen))
+        if heap:
+            left = heap[0][0] - v
+            heappush(env._wakes, (env._now + (left if left > 0.0 else 0.0) * len(heap)
+                                  / self.bandwidth, NORMAL, next(env._eid), self._wake_cb, gen))
 
     def _wake(self, gen: int) -> None:
         if gen != self._gen:
             return  # superseded: a transfer that ends sooner started since
+        # Written out, without calls to the methods above (_schedule, _leave, _leg, _fire):
+        # this runs about 1.5 times per transfer, and the calls were a tenth of a fair
+        # cluster's time (benchmarks/bench_links.py). The arithmetic is theirs, operation
+        # for operation, so the traces are the same to the bit.
         env = self.env
         now = env._now
-        heap = self._heap  # not empty: a wake-up is set only for a transfer under way
-        v = self._v
-        if now > self._t:
-            v += (now - self._t) * self.bandwidth / len(heap)
+        heap = self._heap  # not empty: a wake-up is pending only while a transfer is
+        n = len(heap)
+        bandwidth = self.bandwidth
+        # The virtual clock, advanced to now (by exactly 0.0 if it was set at this instant).
+        v = self._v + (now - self._t) * bandwidth / n
         self._t = now
         head = heap[0]
-        alone = None  # the one transfer that ends now, when nothing else happens now
-        if self._early and head[0] - v > _TOL * head[2]:
-            # Early (a transfer started since it was set, slowing the first): nothing ends.
-            self._v = v
-        else:
-            if not self._early and v < head[0]:
-                # Nothing started since this wake-up was set for the first transfer to end:
-                # it ends now, whatever the last bits of the clocks say (at large times,
-                # rounding of the time moves V by more than any byte tolerance; waiting for
-                # it never ends).
-                v = head[0]
-            self._v = v
-            heappop(heap)
-            if heap and heap[0][0] - v <= _TOL * heap[0][2]:
-                done = [head]
-                while heap and heap[0][0] - v <= _TOL * heap[0][2]:
-                    done.append(heappop(heap))
-                done.sort(key=lambda d: d[1])  # ending together: in the order they started
-                for d in done:
-                    self._leave(d[3], d[4], d[5])
-            elif self.shortcut and (not env._queue or env._queue[0][0] > now) and (
-                    not env._wakes or env._wakes[0][0] > now):
-                # Nothing else happens at this instant: the turn of its event (or of its
-                # leg) would come right after this wake-up, and the next wake-up, set below,
-                # after that; so it is taken here, then, without a trip through the queue
-                # (the traces are those of the trip, to the bit).
-                alone = head
-            else:
-                self._leave(head[3], head[4], head[5])
-        self._schedule(env, heap, v)
-        if alone is not None:
-            _, _, _, ev, then, t0 = alone
+        target = head[0]
+        wakes = env._wakes
+        gen += 1
+        if self._early:
+            self._early = False
+            left = target - v
+            if left > _TOL * head[2]:
+                # Early (a transfer started since it was set, slowing the first): nothing
+                # ends; wake again for the first to end at the rate now.
+                self._v = v
+                self._gen = gen
+                heappush(wakes, (now + left * n / bandwidth, NORMAL, next(env._eid),
+                                 self._wake_cb, gen))
+                return
+        elif v < target:
+            # Nothing started since this wake-up was set for the first transfer to end: it
+            # ends now, whatever the last bits of the clocks say (at large times, rounding
+            # of the time moves V by more than any byte tolerance; waiting for it never
+            # ends).
+            v = target
+        self._v = v
+        heappop(heap)
+        n -= 1
+        if n and heap[0][0] - v <= _TOL * heap[0][2]:
+            done = [head]
+            while heap and heap[0][0] - v <= _TOL * heap[0][2]:
+                done.append(heappop(heap))
+            done.sort(key=lambda d: d[1])  # ending together: in the order they started
+            for d in done:
+                self._leave(d[3], d[4], d[5])
+            self._schedule(env, heap, v)
+            return
+        # Nothing else happens at this instant (checked before the next wake-up is set):
+        # the turn of its event (or of its leg) would come right after this wake-up, and the
+        # next wake-up after that; so it is taken here, then, without a trip through the
+        # queue (the traces are those of the trip, to the bit).
+        queue = env._queue
+        alone = self.shortcut and (not queue or queue[0][0] > now) and (
+            not wakes or wakes[0][0] > now)
+        ev = head[3]
+        then = head[4]
+        if not alone:
+            self._leave(ev, then, head[5])
+        self._gen = gen  # the next wake-up (_schedule)
+        if n:
+            left = heap[0][0] - v
+            heappush(wakes, (now + (left if left > 0.0 else 0.0) * n / bandwidth, NORMAL,
+                             next(env._eid), self._wake_cb, gen))
+        if alone:
             if then is None:
                 # Its event succeeds and its callbacks run now, as Environment.step would
                 # run them (its learner goes on; none if the learner went down meanwhile).
@@ -298,8 +318,10 @@ class FairLink(SharedLink):
                 callbacks, ev.callbacks = ev.callbacks, None
                 for callback in callbacks:
                     callback(ev)
-            else:
-                self._leg((ev, then, t0))
+            elif ev.callbacks:
+                # _leg: drawn on the learner's link, if it still waits; _fire.
+                ev._ok, ev._value = True, None
+                heappush(queue, (now + then.next(head[5]), NORMAL, next(env._eid), ev))
 
 
 def _fire(env: Environment, ev: Event, delay: float) -> None:
