@@ -307,6 +307,56 @@ def test_wake_ups_take_their_turn_among_the_events_as_timeouts_would():
     assert order == [("call 0", 0.5), ("timeout 1", 1.0), ("call 1", 1.0), ("timeout 2", 1.0)]
 
 
+@pytest.mark.parametrize("until", ["none", "event", "processed", "time", "never"])
+def test_the_environment_runs_as_simpy_does(until):
+    # Environment.run steps in a loop of its own: the same log, return value, end time and
+    # error as simpy.Environment.run, for each kind of ``until``; a failed event that
+    # nobody defused raises out of run in both.
+    def script(env):
+        log = []
+
+        def proc(name, delays, fail=False):
+            for d in delays:
+                yield env.timeout(d)
+                log.append((name, env.now))
+            if fail:
+                raise KeyError(name)
+            return name
+
+        a = env.process(proc("a", [1.0, 0.5, 2.0]))
+        env.process(proc("b", [0.5, 0.5, 0.5, 3.0]))
+        stop = env.event()
+        if until == "never":
+            arg = stop
+        elif until == "event":
+            arg = a
+        elif until == "processed":
+            env.run(until=a)
+            arg = a
+        elif until == "time":
+            arg = 2.25
+        else:
+            arg = None
+        try:
+            value = env.run(until=arg)
+        except RuntimeError as e:
+            value = ("RuntimeError", str(e).split(":")[0])
+        log.append(("end", env.now, value))
+        env.process(proc("c", [0.25], fail=True))
+        with pytest.raises(KeyError, match="c"):
+            env.run()
+        return log
+
+    ours = script(Environment())
+    assert ours == script(simpy.Environment())
+    # By hand: a logs at 1, 1.5, 3.5 and returns "a"; b at 0.5, 1, 1.5, 4.5; c fails at +0.25.
+    end = {"none": (4.5, None), "event": (3.5, "a"), "processed": (3.5, "a"),
+           "time": (2.25, None),
+           "never": (4.5, ("RuntimeError", 'No scheduled events left but "until" event was '
+                           "not triggered"))}[until]
+    assert [e for e in ours if e[0] == "end"] == [("end", *end)]
+    assert ours[-1] == ("c", end[0] + 0.25)
+
 def test_fair_sharing_needs_the_environment_with_the_wake_up_queue():
     with pytest.raises(TypeError, match="Environment"):
         SharedLink(simpy.Environment(), 1.0, "fair")
