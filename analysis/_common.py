@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import textwrap
 import tomllib
 from pathlib import Path
@@ -139,10 +140,18 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
     e.g. when the runs used ``--set`` or the file was edited after them. So a caption never
     claims that a committed scenario regenerates a figure unless it does."""
     path = Path(scenario_file)
-    if not path.exists() and not path.is_absolute():
+    # os.path, not Path.exists: a name too long or behind a folder without permission is
+    # "not found", not an OSError (Path.exists raises there on Python 3.11).
+    if not os.path.exists(path) and not path.is_absolute():
         path = REPO / scenario_file
-    if not path.exists():
+    if not os.path.exists(path):
         return f"scenario: {scenario_file} (not found here)"
+    # Only a regular file is read: the name comes from a run folder, and a pipe the run was
+    # read from (asyncsim run /dev/stdin, a FIFO) would block the drawing forever, a device
+    # (/dev/zero) never end.
+    if not os.path.isfile(path):
+        return (f"scenario: {scenario_file} (not a scenario file here; each run folder's "
+                "scenario.toml reruns it)")
     # As this asyncsim records them (older folders spell out fixed-delay-only defaults).
     recorded = {f.name: drop_unused(copy.deepcopy(sc)) for f, sc in zip(folders, scns,
                                                                            strict=True)}

@@ -101,6 +101,41 @@ def test_caption_does_not_claim_a_scenario_regenerates_modified_runs(tmp_path):
     assert "(modified: --set" in describe_runs(again)
 
 
+def test_caption_of_runs_read_from_a_pipe_reads_no_pipe(tmp_path):
+    # A run read from a FIFO records that name; drawing its figure reopened it for the
+    # caption and waited forever for a writer. Now only a regular file is read; a device or
+    # a name too long for the system is not one either.
+    import os
+    import threading
+
+    from asyncsim.analysis._common import describe_runs
+
+    fifo = tmp_path / "s.toml"
+    os.mkfifo(fifo)
+    text = (REPO / "scenarios" / "quickstart.toml").read_text()
+    writer = threading.Thread(target=fifo.write_text, args=(text,), daemon=True)
+    writer.start()
+    out = tmp_path / "qs"
+    assert main(["trace", str(fifo), "--profile", "smoke", "--out", str(out), "--quiet"]) == 0
+    writer.join(10)
+    captions: list[str] = []
+    reader = threading.Thread(target=lambda: captions.append(describe_runs(out)), daemon=True)
+    reader.start()
+    reader.join(60)
+    if reader.is_alive():  # blocked on the FIFO: let it end, then fail
+        with open(fifo, "w"):
+            pass
+        reader.join(10)
+        pytest.fail("describe_runs opened the FIFO the run was read from")
+    assert captions[0].endswith(f"scenario: {fifo} (not a scenario file here; each run "
+                                "folder's scenario.toml reruns it)"), captions[0]
+    prov = out / "provenance.json"
+    for name, says in (("/dev/zero", "not a scenario file here"),
+                       ("x" * 5000 + ".toml", "not found here")):
+        prov.write_text(json.dumps(json.loads(prov.read_text()) | {"scenario_file": name}))
+        assert f"scenario: {name} ({says}" in describe_runs(out)
+
+
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_profile_resolves(name):
     from asyncsim.scenario import load_scenario
