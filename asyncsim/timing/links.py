@@ -71,9 +71,10 @@ class Environment(simpy.Environment):
 
     def run(self, until=None):
         """:meth:`simpy.Environment.run`, stepping without a call per event (the loop below:
-        a trace-only run is this loop; two Python calls less per step measured 2% (private
-        links) to 4% (fair sharing with availability) fewer instructions per gradient). A
-        time ``until`` goes to SimPy's own ``run``."""
+        a trace-only run is this loop; the call to ``step`` it saves per event was 2.6%
+        (private links) to 4% (fair sharing with availability) of the instructions per
+        gradient, benchmarks/bench_links.py under callgrind). A time ``until`` goes to
+        SimPy's own ``run``, which steps with :meth:`step`."""
         if until is not None and not isinstance(until, simpy.Event):
             return super().run(until)
         if until is not None:
