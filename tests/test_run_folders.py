@@ -261,6 +261,57 @@ def test_resume_after_kill_9_writes_what_the_uninterrupted_run_does(tmp_path):
     assert _summary(out)["param_hash"] == _summary(full)["param_hash"]
 
 
+def test_a_ctrl_c_that_lands_in_a_gc_callback_stops_the_run_resumably(tmp_path, capsys,
+                                                                      monkeypatch):
+    """Ctrl-C raises KeyboardInterrupt in whatever Python code runs then; in a garbage
+    collector callback (JAX's frees XLA buffers) the interpreter prints "Exception ignored"
+    and drops it, and the run went on to exit 0. Now it stops after that update, as any
+    Ctrl-C does (status 130, a checkpoint and no summary), and resumes to the numbers of
+    the run that was never stopped."""
+    import gc
+
+    from asyncsim.drivers import driver as drv
+
+    path = _write(tmp_path / "s.toml",
+                  TINY.replace("eval_every = 10", "eval_every = 10\ncheckpoint_every = 5"))
+    full = tmp_path / "full"
+    assert main(["run", str(path), "--out", str(full), "--quiet", "--no-figure"]) == 0
+    armed = []
+
+    def in_the_collector(phase, info):
+        if phase == "start" and armed:
+            armed.clear()
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C, while this callback runs
+
+    real = drv.Driver._after
+    seen = []
+
+    def after(self, done, **kw):
+        seen.append(done)
+        if done == 12:
+            armed.append(True)
+            gc.collect()  # the KeyboardInterrupt is raised in the callback, and dropped
+            assert not armed
+        return real(self, done, **kw)
+
+    monkeypatch.setattr(drv.Driver, "_after", after)
+    dropped = []  # what the interpreter drops ("Exception ignored in ...")
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+    out = tmp_path / "stopped"
+    gc.callbacks.append(in_the_collector)
+    try:
+        rc = main(["run", str(path), "--out", str(out), "--quiet", "--no-figure"])
+    finally:
+        gc.callbacks.remove(in_the_collector)
+    assert dropped == [KeyboardInterrupt]  # dropped where it landed
+    assert rc == 130 and capsys.readouterr().err == "asyncsim: interrupted\n"
+    assert max(seen) == 12  # stopped after the update it landed in
+    assert (out / "checkpoint.npz").exists() and not (out / "summary.json").exists()
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(out), "--quiet", "--no-figure"]) == 0
+    assert _summary(out)["param_hash"] == _summary(full)["param_hash"]
+
+
 def test_a_replay_killed_at_its_summary_write_is_complete(tmp_path, monkeypatch):
     """summary.json is written once and last: a replay killed the moment it appears already
     has its comparison with the source (replay_path, matches_source, source_param_hash)."""

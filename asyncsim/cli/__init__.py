@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from asyncsim._process import tune_gc
+from asyncsim._process import sigint_kept, tune_gc
 from asyncsim.cli.parser import build_parser
 from asyncsim.errors import ScenarioError
 from asyncsim.runs import ONE_LINE_ERRORS
@@ -43,7 +43,8 @@ def _command(spec: str):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(_command(args.func)(args) or 0)
+        with sigint_kept():  # a Ctrl-C that lands in a GC callback is not lost
+            return int(_command(args.func)(args) or 0)
     except ScenarioError as e:
         # Errors found while running (a delay model's bad draw) know their key, not the file.
         print(f"asyncsim: error: {e.with_file(_scenario_file(args))}", file=sys.stderr)

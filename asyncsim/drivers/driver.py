@@ -32,6 +32,7 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim._io import DamagedFile, atomic, csv_text, damaged, npz_member, read_npz, write_parquet
+from asyncsim._process import raise_if_interrupted
 from asyncsim.config import Scenario
 from asyncsim.drivers.record import check_resume
 from asyncsim.drivers.recorder import Recorder, eval_record
@@ -352,7 +353,8 @@ class Driver:
     def _after(self, done: int, *, chunk: bool = False,
                evaluation: tuple[float, float] | None = None) -> bool | None:
         """What follows update ``done - 1``: the checks, evaluations, observations and
-        checkpoints that are due."""
+        checkpoints that are due; a Ctrl-C that the interpreter dropped is raised here."""
+        raise_if_interrupted()
         r = self.scn.run
         eval_due = bool(r.eval_every) and done % r.eval_every == 0
         obs_due = self.monitor is not None and bool(self.monitor.every) and (
