@@ -55,11 +55,15 @@ def sigint_kept():
     global _interrupted
     ours = (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    if ours:
-        signal.signal(signal.SIGINT, _on_sigint)
+    if not ours:
+        # Another handler, or this one already (a call inside a verb): nothing to do.
+        yield
+        return
+    _interrupted = False
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
     finally:
-        _interrupted = False
-        if ours and signal.getsignal(signal.SIGINT) is _on_sigint:
+        if signal.getsignal(signal.SIGINT) is _on_sigint:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        _interrupted = False  # after the restore: a Ctrl-C from now on is Python's own

@@ -212,6 +212,7 @@ class FairLink(SharedLink):
         waits: as the learner would have drawn it)."""
         env = self.env
         ev = Event(env)
+        nbytes = float(nbytes)
         if before is not None:
             # The learner's link first: the transfer starts then.
             env.call_at(before, self._hop_cb, (nbytes, ev, then, t0))
@@ -279,11 +280,12 @@ class FairLink(SharedLink):
             return  # superseded: a transfer that ends sooner started since
         env = self.env
         now = env._now
-        heap = self._heap  # not empty: a wake-up is pending only while a transfer is
+        heap = self._heap  # not empty: a wake-up is pending only while a transfer is under way
         n = len(heap)
         bandwidth = self.bandwidth
-        # The virtual clock, advanced to now (by exactly 0.0 if it was set at this instant).
-        v = self._v + (now - self._t) * bandwidth / n
+        v = self._v
+        if now > self._t:  # the virtual clock, advanced to now
+            v += (now - self._t) * bandwidth / n
         self._t = now
         head = heap[0]
         alone = False  # the one transfer that ends now, when nothing else happens now
