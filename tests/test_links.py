@@ -357,6 +357,7 @@ def test_the_environment_runs_as_simpy_does(until):
     assert [e for e in ours if e[0] == "end"] == [("end", *end)]
     assert ours[-1] == ("c", end[0] + 0.25)
 
+
 def test_fair_sharing_needs_the_environment_with_the_wake_up_queue():
     with pytest.raises(TypeError, match="Environment"):
         SharedLink(simpy.Environment(), 1.0, "fair")
