@@ -171,10 +171,11 @@ def test_a_second_writer_is_refused_and_the_folder_holds_one_run(tmp_path):
     """Two `asyncsim run` (seeds 0 and 1) on one --out: the second is refused with one line
     naming the first's pid, and the folder is the first run's throughout (scenario.toml,
     provenance.json and summary.json agree on its seed). Same for two sweeps."""
-    # Long enough (~5 s of updates) that the first still writes when the second, a fresh
-    # process, gets to the lock on a loaded machine (3000 updates once finished first).
-    path = _write(tmp_path / "s.toml", TINY.replace("updates = 30", "updates = 12000")
-                  .replace("eval_every = 10", "eval_every = 4000"))
+    # The first is stopped (SIGSTOP) once it holds the lock, so it is still writing when
+    # the second, a fresh process, gets to the lock, however loaded the machine (the second
+    # is refused before it compiles anything: no other lock is shared).
+    path = _write(tmp_path / "s.toml", TINY.replace("updates = 30", "updates = 2000")
+                  .replace("eval_every = 10", "eval_every = 1000"))
     for extra, out in (([], tmp_path / "run"),
                        (["--set", "sweep.optimizer.lr=[0.05, 0.1]"], tmp_path / "sweep")):
         first = subprocess.Popen([sys.executable, "-m", "asyncsim.cli", "run", str(path),
@@ -183,14 +184,17 @@ def test_a_second_writer_is_refused_and_the_folder_holds_one_run(tmp_path):
         try:
             deadline = time.monotonic() + 60
             while not (out / runs.LOCK).exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.02)
             assert (out / runs.LOCK).exists(), "the first run never started"
+            first.send_signal(signal.SIGSTOP)
+            assert first.poll() is None, "the first run ended before it could be stopped"
             second = _cli("run", str(path), "--out", str(out), "--seed", "1", "--quiet",
                           "--no-figure", *extra)
             assert second.returncode == 2
             assert second.stderr.count("\n") == 1
             assert (f"another asyncsim process (pid {first.pid}) is writing this folder"
                     in second.stderr)
+            first.send_signal(signal.SIGCONT)
             assert first.wait(timeout=300) == 0, first.stderr.read()
         finally:
             first.kill()
