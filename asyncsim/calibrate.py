@@ -161,10 +161,14 @@ def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
     the same number of updates; returns its path.
     """
     run_dir = runs.require_run_folder(run_dir)
+    # By default into the run folder (its one calibrated.toml, the calib_*.csv beside it);
+    # elsewhere, never into another run's folder, nor over a folder or a device.
+    own = run_dir / "calibrated.toml"
+    out = runs.output_file(out or own, flag="--out", verb="calibrate", suffixes=(".toml",),
+                           own=own)
     scn = load_run_scenario(run_dir)
     trace = Trace.load(run_dir)
     restarts = read_restarts(run_dir)
-    out = Path(out) if out else run_dir / "calibrated.toml"
     # Written beside the run's files (by default into the run folder): as its one writer.
     with runs.locked(out.parent):
         return _write_calibrated(scn, trace, restarts, run_dir, out, kind,

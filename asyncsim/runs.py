@@ -182,11 +182,78 @@ def default_out(scn: Scenario, profile: str | None) -> Path:
     return sweep_out(scn.name, profile) / f"seed{scn.seed}"
 
 
+# Files only asyncsim writes: a folder holding one is a run folder (provenance.json comes
+# with its start, summary.json with its end) or a sweep folder (index.csv).
+_MARKS = ("provenance.json", SUMMARY, "trace_meta.json", "index.csv")
+
+
+def is_run_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is a run or sweep folder: it holds a file only asyncsim writes, or
+    nothing but what a run writes first (:data:`START_FILES`: a run stopped as it started)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return False
+    if any((folder / m).exists() for m in _MARKS):
+        return True
+    return all(p.name in START_FILES or p.name.endswith(".tmp") for p in folder.iterdir())
+
+
+def run_folder_of(path: str | os.PathLike) -> Path | None:
+    """The run or sweep folder that ``path`` (a file to write, once links are followed) lies
+    in, or None."""
+    p = Path(path).resolve()
+    for d in p.parents:
+        if any((d / m).exists() for m in _MARKS):
+            return d
+    return None
+
+
+# What a figure can be written as (matplotlib infers the format from the suffix).
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def output_file(path: str | os.PathLike, *, flag: str, verb: str,
+                suffixes: tuple[str, ...] = FIGURE_SUFFIXES,
+                own: str | os.PathLike | None = None) -> Path:
+    """``path``, a file the user names for ``asyncsim VERB`` to write (a figure, a
+    calibrated scenario), checked before anything is computed. Refused with one line (a
+    :class:`ScenarioError` under ``flag``) when its suffix is not one of ``suffixes``, when
+    something that is not a file is there (a folder, a device such as /dev/full, a broken
+    link: writing would replace it), or when it lies inside a run or sweep folder
+    (:func:`run_folder_of`) other than at ``own``, the one file there this verb writes
+    (RUN_DIR/timeline.png): another verb's output never replaces a file of a run."""
+    path = Path(path)
+    where = f"asyncsim {verb}"
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ScenarioError(flag, f"must name a {' | '.join(suffixes)} file, got "
+                            f"{str(path)!r}", file=where)
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        what = ("a folder" if path.is_dir() else "a broken link" if not path.exists()
+                else "not a regular file")
+        raise ScenarioError(flag, f"{path} is {what}; name a file to write", file=where)
+    if own is None or path.resolve() != Path(own).resolve():
+        home = run_folder_of(path)
+        if home is not None:
+            only = f" (asyncsim {verb} writes there only {own})" if own is not None else ""
+            raise ScenarioError(flag, f"{path} is inside the run folder {home}, whose files "
+                                f"only its run writes{only}; choose a file elsewhere",
+                                file=where)
+    return path
+
+
 def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = False) -> Path:
-    """Create (or reopen, with ``resume``) a run folder; refuse to clobber a finished run.
-    Call it holding the folder's lock (:func:`opened` does both)."""
+    """Create (or reopen, with ``resume``) a run folder; refuse to clobber a finished run,
+    and never touch a folder that is not a run folder (:func:`is_run_folder`): ``--force``
+    removes a run, not whatever else ``--out`` names. Call it holding the folder's lock
+    (:func:`opened` does both)."""
     folder = Path(folder)
     if folder.is_dir():
+        if not is_run_folder(folder):
+            others = sorted(p.name for p in folder.iterdir()
+                            if p.name not in START_FILES and not p.name.endswith(".tmp"))
+            raise RunFolderError(f"{folder}: holds files that are not a run's (e.g. "
+                                 f"{others[0]}); --force removes runs only: choose another "
+                                 "--out")
         for p in folder.glob(".*.tmp"):
             p.unlink()  # a write cut short by a kill: never part of the run
     if folder.exists() and any(p.name != LOCK for p in folder.iterdir()):
@@ -197,9 +264,10 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
                                  "choose another --out or pass --force")
         if not resume and not force and not is_complete(folder):
             kind = driver_of(folder)
+            go_on = _go_on(kind, folder)
             raise RunFolderError(f"{folder}: holds an unfinished {_LABEL.get(kind, kind)}; "
-                                 f"{_go_on(kind, folder)}"
-                                 + (", or pass --force to start over" if kind in _RESUME else ""))
+                                 f"{go_on}" + ("" if "--force" in go_on
+                                                else ", or pass --force to start over"))
         if force:
             busy = _busy_below(folder)
             if busy is not None:

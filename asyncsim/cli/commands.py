@@ -179,16 +179,14 @@ def cmd_timeline(args) -> int:
 
     folder = Path(args.run_dir)
     runs.require_run_folder(folder, scenario=False)
-    png = Path(args.figure) if args.figure else folder / "timeline.png"
-    if png.suffix != ".png":
-        raise ScenarioError("--figure", f"must name a .png file (its intervals go beside it "
-                            f"as .csv), got {str(png)!r}", file="asyncsim timeline")
-    inside = folder.resolve() in png.resolve().parents
-    if inside and png.resolve() != (folder / "timeline.png").resolve():
-        # Its .csv could replace a file of the run (eval.csv, restarts.csv, index.csv).
-        raise ScenarioError("--figure", f"inside the run folder only {folder / 'timeline.png'}"
-                            " is written; draw elsewhere with another name",
-                            file="asyncsim timeline")
+    own = folder / "timeline.png"
+    # A .png, and its intervals beside it as .csv: neither may replace a file of a run (its
+    # eval.csv, another run's), so inside a run folder only its own timeline.png is drawn.
+    png = runs.output_file(args.figure or own, flag="--figure", verb="timeline",
+                           suffixes=(".png",), own=own)
+    runs.output_file(png.with_suffix(".csv"), flag="--figure", verb="timeline",
+                     suffixes=(".csv",), own=own.with_suffix(".csv"))
+    inside = runs.run_folder_of(png) is not None
     try:
         with runs.locked(folder) if inside else contextlib.nullcontext():
             png, use = draw_timeline(folder, png, learners=args.learners, window=args.window)
@@ -246,6 +244,9 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
 def cmd_figures(args) -> int:
     from asyncsim.figures import draw_figures
 
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ScenarioError("--out", f"{args.out} is a file; name a folder for the figures",
+                            file="asyncsim figures")
     for path in draw_figures(args.names, runs_dir=args.runs, out=args.out,
                              profile=args.profile):
         print(path)

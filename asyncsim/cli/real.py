@@ -56,6 +56,8 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    if args.figure:
+        runs.output_file(args.figure, flag="--figure", verb="compare")
     res = compare(args.run_a, args.run_b, figure=args.figure)
     print(f"{'':<10}{'A':>12}{'B':>12}")
     for k in ("gradients", "mean", "p99", "max"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from asyncsim import runs
 from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.stability.closed_form import MOMENTUM_KINDS, asymptote, edge_table
 
@@ -41,6 +42,8 @@ def _check(args) -> None:
         if not abs(b) < 1:
             raise ScenarioError("--beta", f"must satisfy |beta| < 1, got {b}",
                                 file="asyncsim stability")
+    if args.figure:
+        runs.output_file(args.figure, flag="--figure", verb="stability")
 
 
 def stability_table(taus, momenta, betas, *, measure: bool = False) -> pd.DataFrame:

@@ -1,0 +1,136 @@
+"""Where asyncsim writes what the user names (asyncsim.runs.output_file, prepare): a file of
+a run is never replaced by another verb's output, nothing is written over a folder or a
+device, and ``--force`` removes a run, never a folder that is not one. Each refusal is one
+line (exit 2) and leaves the files as they were."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+from asyncsim._io import dump_toml
+from asyncsim.cli import main
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("asyncsim: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two timing-only run folders of the tiny scenario (seconds)."""
+    base = tmp_path_factory.mktemp("runs")
+    scn = base / "s.toml"
+    scn.write_text(dump_toml({**TINY, "run": {"updates": 40}}))
+    folders = base / "a", base / "b"
+    for f in folders:
+        assert main(["trace", str(scn), "--out", str(f), "--quiet"]) == 0
+    return folders
+
+
+def test_force_removes_a_run_never_a_folder_that_is_not_one(tmp_path, capsys):
+    scn = tmp_path / "s.toml"
+    scn.write_text(dump_toml(TINY))
+    home = tmp_path / "home"
+    (home / "docs").mkdir(parents=True)
+    (home / ".bashrc").write_text("export PATH\n")
+    (home / "docs" / "a.txt").write_text("notes\n")
+    before = _digest(home)
+    for extra in (["--force"], []):
+        assert main(["trace", str(scn), "--out", str(home), "--quiet", *extra]) == 2
+        err = _one_line(capsys)
+        assert "holds files that are not a run's (e.g. .bashrc)" in err, err
+        assert err.count("--force") == 1  # said once (it was said twice)
+        assert _digest(home) == before and sorted(p.name for p in home.iterdir()) == [
+            ".bashrc", "docs"]
+    # A run folder is still redone with --force, and a run stopped as it started (only its
+    # scenario.toml written) too.
+    run = tmp_path / "run"
+    assert main(["trace", str(scn), "--out", str(run), "--quiet"]) == 0
+    assert main(["trace", str(scn), "--out", str(run), "--quiet", "--force"]) == 0
+    (run / "summary.json").unlink()
+    for p in run.iterdir():
+        if p.name != "scenario.toml":
+            p.unlink()
+    assert main(["trace", str(scn), "--out", str(run), "--quiet", "--force"]) == 0
+    assert (run / "summary.json").is_file()
+
+
+def test_timeline_never_writes_into_another_run_folder(two_runs, tmp_path, capsys):
+    a, b = two_runs
+    before = _digest(b)
+    for target in (b / "eval.png", b / "inputs" / "x.png", a / "x.png"):
+        assert main(["timeline", str(a), "--figure", str(target), "--quiet"]) == 2
+        err = _one_line(capsys)
+        assert "--figure" in err and "inside the run folder" in err, err
+    assert _digest(b) == before and not (a / "x.png").exists()
+    # Its .csv goes beside the .png: a folder there refuses both before either is written.
+    (tmp_path / "o.csv").mkdir()
+    assert main(["timeline", str(a), "--figure", str(tmp_path / "o.png"), "--quiet"]) == 2
+    assert "o.csv is a folder" in _one_line(capsys)
+    assert not (tmp_path / "o.png").exists()
+    # Its own timeline.png, and a file elsewhere, are drawn.
+    assert main(["timeline", str(a), "--quiet"]) == 0
+    assert main(["timeline", str(a), "--figure", str(tmp_path / "t.png"), "--quiet"]) == 0
+    assert (a / "timeline.png").is_file() and (tmp_path / "t.csv").is_file()
+    (a / "timeline.png").unlink()
+    (a / "timeline.csv").unlink()
+
+
+def test_calibrate_out_is_a_toml_file_outside_other_runs(two_runs, tmp_path, capsys):
+    a, b = two_runs
+    before = _digest(b), _digest(a)
+    (tmp_path / "d.toml").mkdir()
+    os.symlink(tmp_path / "nowhere", tmp_path / "broken.toml")
+    os.symlink(os.devnull, tmp_path / "dev.toml")
+    cases = {str(a / "summary.json"): "must name a .toml file",
+             str(a / "scenario.toml"): "inside the run folder",
+             str(b / "c.toml"): "inside the run folder",
+             str(tmp_path / "d.toml"): "is a folder",
+             str(tmp_path / "broken.toml"): "is a broken link",
+             str(tmp_path / "dev.toml"): "is not a regular file",
+             os.devnull: "must name a .toml file"}
+    for out, fragment in cases.items():
+        assert main(["calibrate", str(a), "--out", out]) == 2
+        err = _one_line(capsys)
+        assert "--out" in err and fragment in err, (out, err)
+    assert (_digest(b), _digest(a)) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.toml", "d.toml", "dev.toml"]
+    # Elsewhere it writes the scenario with its CSVs beside it.
+    out = tmp_path / "cal" / "c.toml"
+    assert main(["calibrate", str(a), "--out", str(out)]) == 0
+    assert out.is_file() and (out.parent / "calib_pull.csv").is_file()
+
+
+def test_figure_files_of_compare_stability_and_figures(two_runs, tmp_path, capsys):
+    a, b = two_runs
+    (tmp_path / "d.png").mkdir()
+    for argv, fragment in (
+            (["compare", str(a), str(b), "--figure", str(tmp_path / "x.txt")],
+             "must name a .png | .pdf | .svg file"),
+            (["compare", str(a), str(b), "--figure", str(tmp_path / "d.png")], "is a folder"),
+            (["compare", str(a), str(b), "--figure", str(b / "staleness.png")],
+             "inside the run folder"),
+            (["stability", "--tau", "1", "--figure", "."], "must name a .png"),
+            (["stability", "--tau", "1", "--figure", str(tmp_path / "d.png")], "is a folder")):
+        assert main(argv) == 2
+        err = _one_line(capsys)
+        assert "--figure" in err and fragment in err, (argv, err)
+    (tmp_path / "f").write_text("")
+    assert main(["figures", "quickstart", "--runs", str(tmp_path), "--out",
+                 str(tmp_path / "f")]) == 2
+    assert "--out" in (err := _one_line(capsys)) and "is a file" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "f"]
+    assert main(["compare", str(a), str(b), "--figure", str(tmp_path / "s.pdf")]) == 0
+    assert (tmp_path / "s.pdf").read_bytes().startswith(b"%PDF")
