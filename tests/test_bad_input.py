@@ -318,3 +318,17 @@ def test_a_resumed_sweep_point_keeps_its_sweeps_figure_without_drawing_it(tmp_pa
     (point / "summary.json").unlink()
     assert main(["run", "--resume", str(point), "--quiet"]) == 0
     assert (point / "summary.json").exists() and not list(point.glob("*.png"))
+
+
+def test_ray_flags_that_would_be_ignored_are_refused(tmp_path, capsys):
+    """`--address` without `--ray`, and `--ray` for a single run (no [sweep]: nothing runs
+    as Ray tasks), were silently ignored: one line each, nothing written."""
+    path = _scenario(tmp_path)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--address", "10.0.0.1:6379", "--out", str(out)]) == 2
+    assert "--address: names the Ray cluster that runs a sweep's points: give it with --ray" \
+        in _one_line(capsys)
+    assert main(["run", str(path), "--ray", "--out", str(out), "--quiet"]) == 2
+    assert "--ray: runs a sweep's points as Ray tasks, and this is a single run" \
+        in _one_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]

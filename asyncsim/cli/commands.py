@@ -123,6 +123,9 @@ def early_worker(args):
 def cmd_run(args) -> int:
     if not args.resume and not args.scenario:
         raise ScenarioError("", "give a scenario file, or --resume RUN_DIR", file="asyncsim run")
+    if args.address and not args.ray:
+        raise ScenarioError("--address", "names the Ray cluster that runs a sweep's points: "
+                            "give it with --ray", file="asyncsim run")
     from asyncsim.figures import FigureWorker
 
     # Every worker started here is ended unless it draws (FigureWorker.close): on the way out
@@ -146,6 +149,10 @@ def cmd_run(args) -> int:
             worker = None
         if scn.sweep and not args.resume:
             return _sweep(args, scn, trace_only=scn.run.trace_only)
+        if args.ray:
+            raise ScenarioError("--ray", "runs a sweep's points as Ray tasks, and this is a "
+                                "single run (no [sweep]); a run on Ray is `asyncsim real`",
+                                file="asyncsim run")
         if scn.run.trace_only and not args.resume:
             return cmd_trace(args, scn)  # what its scenario.toml says: timing only
         if not args.resume:
