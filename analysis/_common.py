@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from asyncsim._io import read_csv, read_json, read_npz, read_toml
+from asyncsim._io import read_csv, read_json, read_npz, read_toml, save_figure, write_text
 from asyncsim.config import drop_unused, rule_label
 from asyncsim.runs import EDGES_CSV, scenario_toml
 from asyncsim.scenario import load_scenario, point_scenarios
@@ -266,11 +266,11 @@ def save(fig, data: pd.DataFrame, out_dir: Path, name: str, *,
     if sources or note:
         add_caption(fig, *sources, note=note)
     png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"
-    fig.savefig(png, dpi=100, bbox_inches="tight")
+    save_figure(fig, png, dpi=100, bbox_inches="tight")
     plt.close(fig)
-    data.to_csv(csv, index=False)
+    write_text(csv, data.to_csv(index=False))
     written = [png, csv]
     for key, frame in (tables or {}).items():
         written.append(out_dir / f"{name}_{key}.csv")
-        frame.to_csv(written[-1], index=False)
+        write_text(written[-1], frame.to_csv(index=False))
     return written

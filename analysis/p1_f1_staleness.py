@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from asyncsim._io import save_figure, write_text
+
 from ._common import add_caption, trace_points
 
 NAME = "p1_f1_staleness"
@@ -63,7 +65,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     add_caption(fig, sweep_dir)
     png = out_dir / f"{NAME}.png"
     csv = out_dir / f"{NAME}.csv"
-    fig.savefig(png, dpi=110, bbox_inches="tight")
+    save_figure(fig, png, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    df.to_csv(csv, index=False)
+    write_text(csv, df.to_csv(index=False))
     return [png, csv]

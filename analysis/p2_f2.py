@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import read_csv, read_toml
+from asyncsim._io import read_csv, read_toml, save_figure, write_text
 from asyncsim.runs import SHARPNESS_CSV
 from asyncsim.stability.closed_form import asymptote, edge
 
@@ -127,9 +127,9 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
             "measured": agg["mean"], "measured_min": agg["min"], "measured_max": agg["max"],
             "rel_error": agg["mean"] / [float(edge(t)) for t in agg["tau"]] - 1})],
             ignore_index=True)
-        traj.to_csv(out_dir / f"{NAME}_trajectories.csv", index=False)
+        write_text(out_dir / f"{NAME}_trajectories.csv", traj.to_csv(index=False))
     csv = out_dir / f"{NAME}.csv"
-    table.to_csv(csv, index=False)
+    write_text(csv, table.to_csv(index=False))
     ncols = 2 if not traj.empty else 1
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4.2), dpi=100, squeeze=False)
     ax = axes[0, 0]
@@ -178,6 +178,6 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
                      + (" MLP points: the P2-F4 runs (after |)." if net_dir
                         else ""))
     png = out_dir / f"{NAME}.png"
-    fig.savefig(png, bbox_inches="tight")
+    save_figure(fig, png, bbox_inches="tight")
     plt.close(fig)
     return [png, csv]

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from asyncsim._io import read_csv, read_json, read_toml
+from asyncsim._io import read_csv, read_json, read_toml, save_figure, write_text
 from asyncsim.config import rule_label
 from asyncsim.trace import Trace
 
@@ -29,9 +29,9 @@ WIDTH, HEIGHT = 9.0, 3.4  # inches of the two panels, the footer comes below
 def draw(run_dir: Path, out_dir: Path) -> list[Path]:
     fig, evals = figure(run_dir)
     png, csv = out_dir / f"{NAME}.png", out_dir / f"{NAME}.csv"
-    fig.savefig(png, dpi=100)
+    save_figure(fig, png, dpi=100)
     plt.close(fig)
-    evals.to_csv(csv, index=False)
+    write_text(csv, evals.to_csv(index=False))
     return [png, csv]
 
 

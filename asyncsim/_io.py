@@ -112,6 +112,17 @@ def write_parquet(path: str | os.PathLike, columns: Mapping[str, Any]) -> None:
         pq.write_table(table, tmp)
 
 
+def save_figure(fig, path: str | os.PathLike, **savefig: Any) -> Path:
+    """``fig.savefig(path, **savefig)``, atomically (a killed draw never leaves half a PNG
+    where a figure was), in the format ``path``'s suffix names; creates missing folders.
+    Every figure asyncsim writes goes through here."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".").lower() or "png", **savefig)
+    return path
+
+
 def _arrow(pa, a: np.ndarray):
     """A numpy column as an arrow array. Numbers are wrapped around their buffer: ``pa.array``
     would import pandas (pyarrow checks every input for a pandas object)."""

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim import runs
+from asyncsim._io import save_figure
 from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.stability.closed_form import MOMENTUM_KINDS, asymptote, edge_table
 
@@ -68,8 +69,6 @@ def draw_edges(table: pd.DataFrame, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5.5, 4), dpi=110)
     for (kind, beta), g in table.groupby(["momentum", "beta"], sort=False):
         g = g.sort_values("tau")
@@ -84,7 +83,7 @@ def draw_edges(table: pd.DataFrame, path: str | Path) -> Path:
     ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    path = save_figure(fig, path)
     plt.close(fig)
     return path
 
