@@ -167,6 +167,15 @@ def test_an_unfinished_replay_is_not_resumed_as_an_online_run(tmp_path, capsys):
     assert f"asyncsim replay {src} --out {rep} --force" in _one_line_error(capsys)
 
 
+def _lock_pid(folder: Path) -> int | None:
+    """The pid the holder of ``folder``'s lock wrote into it, or None."""
+    try:
+        text = (folder / runs.LOCK).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def test_a_second_writer_is_refused_and_the_folder_holds_one_run(tmp_path):
     """Two `asyncsim run` (seeds 0 and 1) on one --out: the second is refused with one line
     naming the first's pid, and the folder is the first run's throughout (scenario.toml,
@@ -182,10 +191,13 @@ def test_a_second_writer_is_refused_and_the_folder_holds_one_run(tmp_path):
                                   "--out", str(out), "--seed", "0", "--quiet", "--no-figure",
                                   *extra], stderr=subprocess.PIPE, text=True)
         try:
+            # Held once its pid is in the lock file: the holder writes it after the flock
+            # (the file alone exists a moment before: stopped then, the first would not
+            # hold the lock, and the second would take it).
             deadline = time.monotonic() + 60
-            while not (out / runs.LOCK).exists() and time.monotonic() < deadline:
+            while _lock_pid(out) != first.pid and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert (out / runs.LOCK).exists(), "the first run never started"
+            assert _lock_pid(out) == first.pid, "the first run never took the lock"
             first.send_signal(signal.SIGSTOP)
             assert first.poll() is None, "the first run ended before it could be stopped"
             second = _cli("run", str(path), "--out", str(out), "--seed", "1", "--quiet",
