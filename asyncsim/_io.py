@@ -7,8 +7,9 @@ killed at any moment leaves each file either absent, as it was, or complete.
 
 Every such file is read back through :func:`read` (``read_json``, ``read_toml``,
 ``read_csv``, ``read_parquet``, ``read_npz``): a file that is missing, empty, truncated or
-garbled (a disk error, a hand edit, a half-copied folder) is a :class:`DamagedFile`, one
-line naming the file, what is wrong and what to do, never a parser's traceback.
+garbled (a disk error, a hand edit, a half-copied folder), or not a regular file of a sane
+size (a FIFO, /dev/zero: :func:`regular_file`), is a :class:`DamagedFile`, one line naming
+the file, what is wrong and what to do, never a parser's traceback or a hang.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import errno
 import json
 import math
 import os
+import stat
 import urllib.error
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -249,15 +251,53 @@ def _label(path: Path, what: str | None) -> str:
     return f"{path}" + (f" ({what})" if what else "")
 
 
+# The most the reader takes of a file of each kind: far above what asyncsim writes (a
+# scenario is a few KiB, a 10^8-gradient trace a few GiB), far below what would exhaust a
+# machine's memory. A larger file is refused before a byte of it is read.
+MAX_BYTES = {"json": 64 * 2**20, "toml": 16 * 2**20, "csv": 4 * 2**30,
+             "parquet": 16 * 2**30, "npz": 16 * 2**30}
+
+# What a path that is not a regular file is, for the message.
+_FILE_TYPES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.4g} MiB"
+
+
+def regular_file(path: str | os.PathLike, kind: str, *, what: str | None = None) -> int:
+    """The size of ``path``, a regular file (a symbolic link to one is followed) of at most
+    ``MAX_BYTES[kind]``; anything else -- a FIFO, whose opening blocks, a device such as
+    /dev/zero, which never ends, a folder, a file too large -- is a one-line
+    :class:`DamagedFile`, raised from ``os.stat`` alone, before the file is opened. The
+    stat's own errors (``FileNotFoundError``, ...) pass through. The one check of every
+    file asyncsim reads: :func:`read` makes it; so must a reader of its own (a scenario
+    file, a delay model's CSV)."""
+    path = Path(path)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        is_a = next((name for test, name in _FILE_TYPES if test(st.st_mode)), "an unknown kind")
+        raise DamagedFile(f"{_label(path, what)}: not a regular file ({is_a}); allowed: a "
+                          "regular file (a symbolic link to one is followed)")
+    if st.st_size > MAX_BYTES[kind]:
+        raise DamagedFile(f"{_label(path, what)}: {_mib(st.st_size)}; allowed: a {kind} file "
+                          f"of at most {_mib(MAX_BYTES[kind])}")
+    return st.st_size
+
+
 def read(path: str | os.PathLike, kind: str, *, what: str | None = None,
          columns: list[str] | None = None) -> Any:
     """Read ``path`` as ``kind`` (``"json"``: a JSON object; ``"toml"``; ``"csv"`` and
     ``"parquet"``: a DataFrame, ``columns``: only those; ``"npz"``: a dict of arrays, no
     pickles), or raise a one-line :class:`DamagedFile` (``what``: what the file is, for the
-    message)."""
+    message). Only a regular file of at most ``MAX_BYTES[kind]`` is read
+    (:func:`regular_file`)."""
     path = Path(path)
     label = _label(path, what)
     try:
+        regular_file(path, kind, what=what)
         raw = path.read_bytes()
     except FileNotFoundError:
         raise DamagedFile(f"{label}: missing; {REDO}") from None
@@ -269,6 +309,8 @@ def read(path: str | os.PathLike, kind: str, *, what: str | None = None,
         return _READERS[kind](raw, label, columns)
     except (DamagedFile, MemoryError):
         raise  # out of memory is this machine's limit, not damage to the file
+    except RecursionError:  # tomllib and json recurse per level of nesting
+        raise damaged(label, "nested too deeply") from None
     except Exception as e:  # every parser's own error: the file is not what it should be
         raise damaged(label, e) from None
 
@@ -302,8 +344,11 @@ def npz_member(path, name: str | None = None, *, what: str | None = None,
     path = Path(path)
     label = _label(path, what)
     try:
+        regular_file(path, "npz", what=what)
         with np.load(path, allow_pickle=False) as z:
             return None if name is None else z[name]
+    except DamagedFile:
+        raise
     except FileNotFoundError:
         raise DamagedFile(f"{label}: missing; {advice}") from None
     except MemoryError:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from asyncsim import runs
+from asyncsim._io import save_figure
 from asyncsim.config import to_dict
 from asyncsim.drivers.driver import message_bytes
 from asyncsim.scenario import load_run_scenario, load_scenario
@@ -167,7 +168,8 @@ def calibrate(run_dir: str | Path, *, out: str | Path | None = None,
     out = runs.output_file(out or own, flag="--out", verb="calibrate", suffixes=(".toml",),
                            own=own)
     scn = load_run_scenario(run_dir)
-    trace = Trace.load(run_dir)
+    # Its learners are the scenario's: the calibrated scenario has one compute spec each.
+    trace = Trace.load(run_dir, learners=scn.cluster.learners)
     restarts = read_restarts(run_dir)
     # Written beside the run's files (by default into the run folder): as its one writer.
     with runs.locked(out.parent):
@@ -266,8 +268,7 @@ def compare(run_a: str | Path, run_b: str | Path, *, figure: str | Path | None =
         ax.set_title(f"staleness distributions, TV distance {tvd:.3f}")
         ax.legend()
         fig.tight_layout()
-        Path(figure).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(figure, dpi=120)
+        save_figure(fig, figure, dpi=120)
         plt.close(fig)
         res["figure"] = str(figure)
     return res

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -372,6 +373,41 @@ class Scenario:
 _OPEN_TABLES = {ModelConfig: "options", DataConfig: "options"}
 
 
+# ----------------------------------------------------------------------------- ranges
+# TOML's integers (the range every integer key takes, checked in _convert).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The largest float32: the update core holds its rates, decay and momentum in float32.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_float32(key: str, value: float) -> float:
+    """``value`` if float32 holds it (the update core's precision: a larger rate or rule
+    parameter overflows to inf, with numpy's RuntimeWarnings); else a ScenarioError."""
+    if not abs(value) <= FLOAT32_MAX:
+        raise ScenarioError(key, f"must be at most {FLOAT32_MAX:.4g} (float32, the update "
+                            f"core's precision), got {value!r}")
+    return value
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes; None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(key: str, need: float, what: str, detail: str = "") -> None:
+    """The one rule for sizes a scenario sets (a trace's length, a data set, a model):
+    refuse, before anything is built, what needs more than the machine's memory, in one
+    line under ``key``: ``{what} about N GiB{detail}; this machine has M GiB``."""
+    have = physical_memory()
+    if have is not None and not need <= have:
+        need = min(need, 1e300)  # an integer beyond float range (TOML's are unbounded)
+        raise ScenarioError(key, f"{what} about {need / 2**30:.3g} GiB{detail}; this machine "
+                            f"has {have / 2**30:.3g} GiB")
+
+
 # ----------------------------------------------------------------------------- conversion
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -453,6 +489,11 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ScenarioError(key, f"must be an integer, got {value!r}")
+        if not INT64_MIN <= value <= INT64_MAX:
+            # TOML's integers are 64-bit (tomllib reads any): numpy, JAX and the run
+            # folder's files hold no more.
+            raise ScenarioError(key, f"must be a 64-bit integer ({INT64_MIN}..{INT64_MAX}), "
+                                f"got {value}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -22,25 +22,29 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from asyncsim import _checks
-from asyncsim._io import dump_toml, read_toml
+from asyncsim._io import MAX_BYTES, DamagedFile, dump_toml, read_toml, regular_file
 from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
 from asyncsim.config import (
+    FLOAT32_MAX,
     NOMINAL_NEEDS,
-    SHARINGS,
     SWEEP_PATHS,
     DataConfig,
     ModelConfig,
     Scenario,
+    check_float32,
     check_momentum_kind,
+    flatten,
     from_dict,
     optimizer_choices,
     to_dict,
@@ -116,9 +120,11 @@ def read_raw(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, A
         return copy.deepcopy(dict(source)), None
     path = Path(source)
     try:
-        text = path.read_text()
+        text = _scenario_text(path)
     except FileNotFoundError:
         raise ScenarioError("", "no such file", file=str(path)) from None
+    except DamagedFile as e:
+        raise ScenarioError("", str(e).removeprefix(f"{path}: "), file=str(path)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ScenarioError("", f"cannot read the file ({e.__class__.__name__}: {e})",
                             file=str(path)) from None
@@ -127,6 +133,23 @@ def read_raw(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, A
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError("", f"not valid TOML: {e}{_toml_line(text, str(e))}",
                             file=str(path)) from None
+    except RecursionError:
+        raise ScenarioError("", "not valid TOML: nested too deeply", file=str(path)) from None
+
+
+def _scenario_text(path: Path) -> str:
+    """A scenario file's text: a regular file (not a device such as /dev/zero, nor a folder)
+    or a pipe (``asyncsim run /dev/stdin < s.toml``: read once), of at most
+    ``MAX_BYTES["toml"]`` (a larger pipe is refused once that much has come)."""
+    if not stat.S_ISFIFO(os.stat(path).st_mode):
+        regular_file(path, "toml")
+        return path.read_text()
+    with open(path, "rb") as f:
+        data = f.read(MAX_BYTES["toml"] + 1)
+    if len(data) > MAX_BYTES["toml"]:
+        raise DamagedFile(f"{path}: a pipe of more than {MAX_BYTES['toml'] // 2**20} MiB; "
+                          "allowed: a toml file of at most that")
+    return data.decode()
 
 
 def _toml_line(text: str, message: str) -> str:
@@ -178,6 +201,8 @@ def resolve_raw(
             raw = _merge(_drop_renamed_options(raw, profiles[profile]), profiles[profile])
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
+        if key.split(".")[0] == "source":
+            raise ScenarioError("source", _SOURCE)
         if key.startswith("sweep.") and len(key) > len("sweep."):
             # The rest is one sweep key, dots and all: --set sweep.protocol.n=[1,2] (or
             # sweep."protocol.n", as in TOML) adds the grid "protocol.n" = [1, 2].
@@ -215,20 +240,58 @@ def load_scenario(
         source = to_dict(source)
     raw, file = read_raw(source)
     if file is not None and "source" in raw:
-        raise ScenarioError("source", "is set by asyncsim to the file's path; remove it", file=file)
+        raise ScenarioError("source", _SOURCE, file=file)
+    bdir = Path(file).parent if file else None
+    # The profiles not selected are checked too, on the file as written (from a copy:
+    # resolving changes tables in place).
+    others = _other_profiles(raw, profile) if validate else []
+    pristine = copy.deepcopy(raw) if others else raw
     try:
         raw = resolve_raw(raw, profile=profile, overrides=overrides, seed=seed)
-        _fill_protocol_defaults(raw)
-        scn = from_dict(Scenario, raw)
-        bdir = Path(file).parent if file else None
-        for checked in ([scn, *(apply_point(scn, p) for p in sweep_points(scn))]
-                        if validate else ()):
-            check(checked, base_dir=bdir)
+        scn = _resolved_scenario(raw, bdir, validate)
     except ScenarioError as e:
         raise attributed(e, file, overrides) from None
+    for other in others:
+        try:
+            _resolved_scenario(resolve_raw(copy.deepcopy(pristine), profile=other), bdir, True)
+        except ScenarioError as e:
+            raise _in_profile(e, other, pristine).with_file(file) from None
     if file is not None:
         scn = dataclasses.replace(scn, source=str(file))
     return scn
+
+
+_SOURCE = "is set by asyncsim to the file's path; remove it"  # in a file and in --set
+
+
+def _resolved_scenario(raw: dict[str, Any], bdir: Path | None, validate: bool) -> Scenario:
+    """The Scenario of a resolved mapping, checked with its sweep points (``validate``)."""
+    _fill_protocol_defaults(raw)
+    scn = from_dict(Scenario, raw)
+    for checked in ([scn, *(apply_point(scn, p) for p in sweep_points(scn))]
+                    if validate else ()):
+        check(checked, base_dir=bdir)
+    return scn
+
+
+def _other_profiles(raw: Mapping[str, Any], profile: str | None) -> list[str | None]:
+    """The profiles of a file other than ``profile`` (None: the default scale)."""
+    profiles = raw.get("profiles")
+    if not isinstance(profiles, Mapping) or not profiles:
+        return []
+    names = [None, *(n for n in profiles if n in PROFILES and n != "default")]
+    return [n for n in names if n != (None if profile == "default" else profile)]
+
+
+def _in_profile(e: ScenarioError, name: str | None, raw: Mapping[str, Any]) -> ScenarioError:
+    """``e`` of profile ``name`` (None: the default) under the profile's key if it sets it."""
+    table = raw.get("profiles", {}).get(name) if name else None
+    if isinstance(table, Mapping) and any(
+            e.key == k or e.key.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{e.key}.")
+            for k in flatten(table)):
+        return ScenarioError(f"profiles.{name}.{e.key}", e.message)
+    where = f"profile {name!r}" if name else "the default profile (no --profile)"
+    return ScenarioError(e.key, f"{e.message} (in {where})")
 
 
 def attributed(e: ScenarioError, file: str | None,
@@ -281,6 +344,11 @@ def _fill_protocol_defaults(raw: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- checks
+# A scenario's name is one folder under runs/: no separator, no "." or "..", nothing hidden.
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+_LOG_F32 = math.log(FLOAT32_MAX)
+
+
 def _positive(key: str, value: float | None, *, allow_zero: bool = False) -> None:
     if value is not None:
         (_checks.nonneg if allow_zero else _checks.positive)(key, value, finite=True)
@@ -292,14 +360,18 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     # modules import JAX (~1.5 s), and a file with a misspelt key (caught by from_dict before
     # this runs) should be reported at once (tests/test_cli.py).
     from asyncsim.numerics.data import check_batch_size, declared_train_size
+    from asyncsim.timing.checks import check_cluster
     from asyncsim.timing.protocols import get_protocol_class
 
+    if not _NAME.fullmatch(scn.name):
+        raise ScenarioError("name", "names the run folder (runs/NAME/seedN): must be 1 to 100 "
+                            f"letters, digits, . _ -, not starting with '.', got {scn.name!r}")
     for key, seed in (("seed", scn.seed), ("cluster.seed", scn.cluster.seed)):
         # numpy's SeedSequence takes no negative seed, and JAX keys keep 32 bits: seed 2**32
         # would silently give seed 0's batches.
         if seed is not None and not 0 <= seed < 2**32:
             raise ScenarioError(key, f"must be an integer in 0..{2**32 - 1}, got {seed}")
-    _check_cluster(scn, base_dir)
+    check_cluster(scn, base_dir)
     get_protocol_class(scn.protocol.kind).check(scn.protocol, scn.cluster.learners)
     _check_optimizer(scn)
     _check_factory("model", scn.model.name, scn.model.options)
@@ -311,88 +383,12 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     _check_run(scn)
     _check_measure(scn)
     for k, values in scn.sweep.items():
+        _sweep_key(k)
         if not isinstance(values, tuple) or not values:
             raise ScenarioError(f"sweep.{k}", "must be a non-empty list of values")
-
-
-def _check_cluster(scn: Scenario, base_dir: Path | None) -> None:
-    from asyncsim.timing.delays import make_delay  # see check
-
-    c = scn.cluster
-    lam = c.learners
-    if lam < 1 or lam > 100_000:
-        raise ScenarioError("cluster.learners", f"must be an integer in 1..100000, got {lam}")
-    if isinstance(c.compute, tuple):
-        if len(c.compute) != lam:
-            raise ScenarioError("cluster.compute", f"a per-learner list needs {lam} entries "
-                                f"(cluster.learners), got {len(c.compute)}")
-        for i, spec in enumerate(c.compute):
-            make_delay(spec, key=f"cluster.compute[{i}]", base_dir=base_dir)
-    else:
-        make_delay(c.compute, key="cluster.compute", base_dir=base_dir)
-    if c.speed is not None:
-        if len(c.speed) != lam:
-            raise ScenarioError("cluster.speed", f"needs {lam} entries (cluster.learners), "
-                                f"got {len(c.speed)}")
-        for i, s in enumerate(c.speed):
-            _positive(f"cluster.speed[{i}]", s)
-    for direction in ("pull", "push"):
-        link = getattr(c.network, direction)
-        key = f"cluster.network.{direction}"
-        make_delay(link.latency, key=f"{key}.latency", base_dir=base_dir)
-        _bandwidth(f"{key}.bandwidth", link.bandwidth)
-        if link.bytes is not None and link.bytes < 0:
-            raise ScenarioError(f"{key}.bytes", f"must be >= 0, got {link.bytes}")
-    for direction in ("ps_ingress", "ps_egress"):
-        shared = getattr(c.network, direction)
-        if shared is None:
-            continue
-        key = f"cluster.network.{direction}"
-        _bandwidth(f"{key}.bandwidth", shared.bandwidth)
-        _checks.choice(f"{key}.sharing", shared.sharing, SHARINGS)
-        if scn.protocol.kind == "fixed-delay" and scn.protocol.schedule != "race":
-            raise ScenarioError(key, f"fixed-delay's {scn.protocol.schedule!r} schedule steps "
-                                "its workers one at a time and models no network; remove "
-                                "the shared link or use schedule = \"race\"")
-    if c.ps_service is not None:
-        make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
-    if c.availability is not None:
-        _check_availability(scn, base_dir)
-
-
-def _check_availability(scn: Scenario, base_dir: Path | None) -> None:
-    from asyncsim.timing.delays import make_delay  # see check
-
-    avail, lam = scn.cluster.availability, scn.cluster.learners
-    if isinstance(avail, tuple):
-        if len(avail) != lam:
-            raise ScenarioError("cluster.availability", f"a per-learner list needs {lam} "
-                                f"entries (cluster.learners), got {len(avail)}")
-        tables = [(f"cluster.availability[{i}]", a) for i, a in enumerate(avail)]
-    else:
-        tables = [("cluster.availability", avail)]
-    for key, a in tables:
-        for period in ("up", "down"):
-            spec = getattr(a, period)
-            if spec is None:
-                raise ScenarioError(f"{key}.{period}", "is required: a delay spec such as "
-                                    "{ dist = \"exponential\", mean = 100.0 }")
-            model = make_delay(spec, key=f"{key}.{period}", base_dir=base_dir)
-            if period == "up" and model.mean == 0:
-                raise ScenarioError(f"{key}.up", "must have a positive mean: a learner that "
-                                    "is never up for any time never delivers a gradient")
-    if scn.protocol.kind == "fixed-delay" and scn.protocol.schedule != "race":
-        raise ScenarioError("cluster.availability", f"fixed-delay's "
-                            f"{scn.protocol.schedule!r} schedule steps its workers one at a "
-                            "time and has no learners to take down; remove it or use "
-                            "schedule = \"race\"")
-
-
-def _bandwidth(key: str, value: float) -> None:
-    """A link's bandwidth, private or the PS's shared interface."""
-    if not value > 0:
-        raise ScenarioError(key, f"must be a positive number of bytes per second (inf = "
-                            f"free), got {value!r}")
+        for i, v in enumerate(values):
+            if v in values[:i]:
+                raise ScenarioError(f"sweep.{k}", f"lists {v!r} twice: give each value once")
 
 
 def _check_optimizer(scn: Scenario) -> None:
@@ -401,6 +397,7 @@ def _check_optimizer(scn: Scenario) -> None:
 
     o = scn.optimizer
     _positive("optimizer.lr", o.lr)
+    check_float32("optimizer.lr", o.lr)
     make_lr_rule(o.lr_rule)  # an unknown rule or a refused parameter names optimizer.lr_rule
     choices = optimizer_choices(o)
     if o.transform is not None:
@@ -419,12 +416,18 @@ def _check_optimizer(scn: Scenario) -> None:
             raise ScenarioError("optimizer.lr_staleness",
                                 f"{NOMINAL_NEEDS}; {scn.protocol.kind!r} has none")
     _positive("optimizer.weight_decay", o.weight_decay, allow_zero=True)
+    check_float32("optimizer.weight_decay", o.weight_decay)
     for k, m in o.weight_decay_mult.items():
         _positive(f"optimizer.weight_decay_mult.{k}", m, allow_zero=True)
+        check_float32(f"optimizer.weight_decay_mult.{k}", m)
     s = o.schedule
     for i, e in enumerate(s.decay_epochs):
         _positive(f"optimizer.schedule.decay_epochs[{i}]", e)
     _positive("optimizer.schedule.decay_factor", s.decay_factor)
+    if math.log(o.lr) + len(s.decay_epochs) * math.log(max(s.decay_factor, 1.0)) > _LOG_F32:
+        raise ScenarioError("optimizer.schedule.decay_factor", f"optimizer.lr x "
+                            f"{s.decay_factor}^{len(s.decay_epochs)} overflows float32 (at most "
+                            f"{FLOAT32_MAX:.4g}: the update core's precision)")
     _positive("optimizer.schedule.warmup_epochs", s.warmup_epochs, allow_zero=True)
     if s.warmup_updates < 0:
         raise ScenarioError("optimizer.schedule.warmup_updates", "must be >= 0")
@@ -526,6 +529,7 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
     raw = to_dict(scn)
     raw.pop("sweep", None)
     for k, v in point.items():
+        _sweep_key(k)
         if k == "seed" or "." in k:
             set_dotted(raw, k, v)
         else:
@@ -541,6 +545,18 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
         return from_dict(Scenario, raw)
     except ScenarioError as e:
         raise ScenarioError(f"sweep.{e.key}", e.message) from None
+
+
+def _sweep_key(key: str) -> None:
+    """A sweep varies its points' scenario, not the sweep itself nor its one figure (the
+    [figure] table describes the figure drawn from all the points)."""
+    top = key.split(".")[0]
+    if top == "sweep":
+        raise ScenarioError(f"sweep.{key}", "a sweep cannot vary the sweep itself; give its "
+                            "axes as keys of [sweep]")
+    if top == "figure":
+        raise ScenarioError(f"sweep.{key}", "[figure] describes the one figure drawn from all "
+                            "the points; it cannot vary between them")
 
 
 def point_scenarios(scn: Scenario) -> list[tuple[str, dict[str, Any], Scenario]]:

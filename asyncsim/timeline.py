@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import read_toml, write_text
+from asyncsim._io import read_toml, save_figure, write_text
 from asyncsim.errors import ScenarioError
 from asyncsim.trace import Trace, away_intervals, read_restarts
 
@@ -47,13 +47,15 @@ def parse_range(text: str | None, what: str, *, integer: bool) -> tuple[float, f
     if text is None:
         return None
     lo, sep, hi = text.partition(":")
-    conv = int if integer else float
+
+    def conv(x: str, empty: float) -> float:  # a float, which numpy takes (10**30 too)
+        return float(int(x) if integer else x) if x.strip() else empty
+
     try:
         if not sep:
             raise ValueError
-        a = conv(lo) if lo.strip() else -np.inf
-        b = conv(hi) if hi.strip() else np.inf
-    except ValueError:
+        a, b = conv(lo, -np.inf), conv(hi, np.inf)
+    except (ValueError, OverflowError):  # 10**400 is beyond a float
         kind = "integers" if integer else "numbers"
         raise ScenarioError(what, f"must be A:B with {kind} A < B (either may be left "
                             f"out), got {text!r}", file="asyncsim timeline") from None
@@ -229,9 +231,7 @@ def draw_timeline(run_dir: str | Path, png: str | Path, *, learners: str | None 
     fig.text(0.01, -0.02, _caption(run_dir, scn, trace, lr, wr), fontsize=7, ha="left", va="top",
              color="0.3")
     fig.tight_layout()
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=100, bbox_inches="tight")
+    png = save_figure(fig, png, dpi=100, bbox_inches="tight")
     plt.close(fig)
     write_text(png.with_suffix(".csv"), iv.to_csv(index=False))
     return png, utilisation(iv)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asyncsim import _checks
 from asyncsim._io import (
     damaged,
     jsonable,
@@ -39,6 +40,7 @@ from asyncsim._io import (
     write_parquet,
     write_text,
 )
+from asyncsim.errors import ScenarioError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,6 +79,34 @@ DOWN_COLUMNS: dict[str, type] = {
     "read_version": np.int64,
     "t_pull": np.float64,
 }
+
+
+# The most learners a run has (cluster.learners' bound): a trace's learner ids are below it.
+MAX_LEARNERS = 100_000
+
+
+def _text(name: str, v: Any) -> Any:
+    if v is not None and not isinstance(v, str):
+        raise ScenarioError(name, f"must be a string, got {v!r}")
+    return v
+
+
+# trace_meta.json's fields asyncsim reads, each checked when a trace is loaded (other fields
+# are kept as they are): the values the commands compute with (learners, sim_time) and those
+# they print or compare.
+META_CHECKS = {
+    "learners": lambda k, v: _checks.integer(k, v, low=1, high=MAX_LEARNERS),
+    "sim_time": _checks.nonneg,
+    "seed": lambda k, v: _checks.integer(k, v, low=0),
+    "protocol": _text,
+    "stop_reason": _text,
+    "kind": _text,
+    "short_rounds_allowed": _checks.flag,
+}
+
+# What a column of a trace table may hold, by the kind of its dtype (GRAD_COLUMNS & co.):
+# integer columns integers, time columns numbers.
+_COLUMN_KINDS = {"i": ("iu", "integers"), "f": ("iuf", "numbers")}
 
 
 def _no_down() -> dict[str, np.ndarray]:
@@ -275,27 +305,38 @@ class Trace:
                    json.dumps(jsonable(dict(self.meta)), indent=1, sort_keys=True))
 
     @classmethod
-    def load(cls, folder: str | os.PathLike) -> Trace:
+    def load(cls, folder: str | os.PathLike, *, learners: int | None = None) -> Trace:
         """The trace a run folder holds; a missing, damaged or inconsistent file is a
-        one-line :class:`asyncsim._io.DamagedFile` naming it."""
+        one-line :class:`asyncsim._io.DamagedFile` naming it: a column that is missing or
+        not of its type, a time that is NaN or infinite, a learner id outside 0 ..
+        ``learners`` - 1 (trace_meta.json's, and ``learners``, the run's scenario's
+        cluster.learners where the caller has it, must agree), a field of trace_meta.json
+        that is not what :data:`META_CHECKS` allows, gradients that do not match the
+        updates. :func:`asyncsim.testing.check_trace` checks the rest (per learner and per
+        protocol), too slow to check every load."""
         folder = Path(folder)
+        meta_path = folder / "trace_meta.json"
+        meta = read_json(meta_path) if meta_path.exists() else {}
+        for key, check in META_CHECKS.items():
+            if key in meta:
+                try:
+                    check(key, meta[key])
+                except ScenarioError as e:
+                    raise damaged(meta_path, f"{key}: {e.message}") from None
+        if learners is not None and meta.get("learners", learners) != learners:
+            raise damaged(meta_path, f"learners = {meta['learners']}, but the run's "
+                          f"scenario has cluster.learners = {learners}")
+        lam, whose = ((meta["learners"], "trace_meta.json has learners = {}") if "learners" in meta
+                      else (learners, "the run's scenario has cluster.learners = {}") if learners
+                      else (MAX_LEARNERS, "a run has at most {} learners"))
         tables = []
         for name, columns in (("trace_grads", GRAD_COLUMNS), ("trace_updates", UPDATE_COLUMNS)):
             path = folder / f"{name}.parquet"
-            df = read_parquet(path)
-            missing = [c for c in columns if c not in df.columns]
-            if missing:
-                raise damaged(path, f"no column {', '.join(missing)}")
-            tables.append({k: df[k].to_numpy() for k in df.columns})
+            tables.append(_table(path, columns, lam, whose))
         down = None
         if (folder / DOWN_FILE).exists():
-            df = read_parquet(folder / DOWN_FILE)
-            missing = [c for c in DOWN_COLUMNS if c not in df.columns]
-            if missing:
-                raise damaged(folder / DOWN_FILE, f"no column {', '.join(missing)}")
-            down = {k: df[k].to_numpy() for k in DOWN_COLUMNS}
-        meta_path = folder / "trace_meta.json"
-        meta = read_json(meta_path) if meta_path.exists() else {}
+            table = _table(folder / DOWN_FILE, DOWN_COLUMNS, lam, whose)
+            down = {k: table[k] for k in DOWN_COLUMNS}
         try:
             trace = cls.from_columns(*tables, meta, down)
         except (TypeError, ValueError) as e:
@@ -308,6 +349,44 @@ class Trace:
             raise damaged(folder / "trace_grads.parquet", "its gradients do not match the "
                           f"{trace.num_updates} updates of trace_updates.parquet")
         return trace
+
+
+# Each table's times that must be numbers, finite (False) or possibly infinite (True: a down
+# period's t_up, when it had not ended); a real trace's t_start too. A down period's t_pull
+# is NaN when it lost no gradient.
+_TIMES = {"trace_grads": dict.fromkeys(("t_start", "t_pull", "t_push", "t_arrive", "t_apply"),
+                                       False),
+          "trace_updates": {"time": False}, "trace_down": {"t_down": False, "t_up": True}}
+
+
+def _table(path: Path, columns: Mapping[str, type], learners: int,
+           whose: str) -> dict[str, np.ndarray]:
+    """The columns of the trace table ``path``; a missing column, one that does not hold
+    what :data:`GRAD_COLUMNS` & co. say, a time of :data:`_TIMES` that is NaN (or infinite),
+    or a learner id outside ``0 .. learners - 1`` (``whose``: what says so) is damage,
+    checked before the columns are cast (a string, or an id of 2**40, would cast)."""
+    df = read_parquet(path)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise damaged(path, f"no column {', '.join(missing)}")
+    table = {k: df[k].to_numpy() for k in df.columns}
+    times = {k: inf for k, inf in _TIMES[path.stem].items() if k in table}
+    for k in [*columns, *(k for k in times if k not in columns)]:
+        kinds, allowed = _COLUMN_KINDS[np.dtype(columns.get(k, np.float64)).kind]
+        if table[k].dtype.kind not in kinds:
+            raise damaged(path, f"column {k} holds {table[k].dtype} values; allowed: {allowed}")
+    for k, inf in times.items():
+        a = table[k]
+        bad = np.flatnonzero(np.isnan(a) if inf else ~np.isfinite(a))
+        if len(bad):
+            raise damaged(path, f"column {k} holds {a[bad[0]].item()!r} at row {bad[0]}; "
+                          f"allowed: {'numbers or inf' if inf else 'finite numbers'}")
+    ids = table.get("learner")
+    if ids is not None and ids.size and not (0 <= ids.min() and ids.max() < learners):
+        bad = ids[(ids < 0) | (ids >= learners)][0]
+        raise damaged(path, f"learner id {bad}; allowed: 0 .. {learners - 1}, as "
+                      + whose.format(learners))
+    return table
 
 
 # ----------------------------------------------------------------------------- away intervals

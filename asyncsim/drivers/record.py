@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsim import runs
-from asyncsim._io import atomic, dump_toml
+from asyncsim._io import DamagedFile, atomic, dump_toml, regular_file
 from asyncsim._registry import option_defaults, path_options
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.errors import ScenarioError
@@ -208,7 +208,10 @@ def _resolve(value: str, base: Path) -> Path:
 
 def _sha256(path: Path, key: str) -> str:
     try:
+        regular_file(path, "csv")  # a FIFO or /dev/zero: refused, not read
         return hashlib.sha256(path.read_bytes()).hexdigest()
+    except DamagedFile as e:
+        raise ScenarioError(key, str(e)) from None
     except OSError as e:
         raise ScenarioError(key, f"cannot read {str(path)!r}: {e.strerror or e}") from None
 

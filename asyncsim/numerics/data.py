@@ -55,6 +55,7 @@ import numpy as np
 from asyncsim._checks import flag, integer, nonneg
 from asyncsim._io import atomic
 from asyncsim._registry import PluginRegistry, build, callable_value, option_defaults
+from asyncsim.config import check_memory
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import _cifar10
 
@@ -257,6 +258,24 @@ def batch_indices(seed, learner, step, batch_size: int, n: int) -> jax.Array:
 # --------------------------------------------------------------------------------------------
 
 
+# Bytes per synthetic-cifar sample while the set is made: its float32 image (12,288 bytes)
+# four times over (generating it peaks at about three: 34 kB per sample measured at 40,000
+# samples; then the device's copy).
+_SYNTHETIC_SAMPLE_BYTES = 4 * 32 * 32 * 3 * 4
+
+
+def _check_fits(sizes: dict[str, int], sample_bytes: int, **more: int) -> None:
+    """Refuse, before anything is made, a data set of ``sum(sizes)`` samples of
+    ``sample_bytes`` that needs more than the machine's memory, under its largest size
+    option (data.n_train = 1e9 was let through: each of numpy's allocations fit until it
+    shuffled 10^9 labels for minutes; only sizes whose first allocation failed were
+    refused, by build_dataset's MemoryError)."""
+    n = sum(sizes.values())
+    key = max({**sizes, **more}.items(), key=lambda kv: kv[1])[0]
+    check_memory(key, n * sample_bytes, "the data set does not fit in this machine's memory: "
+                 "it needs", f" ({n:,} samples of {sample_bytes:,} bytes while it is made)")
+
+
 def _smooth_fields(rng: np.random.Generator, count: int, size: int, freq: int) -> np.ndarray:
     """``count`` random smooth RGB images (size x size x 3) from low-frequency Fourier terms.
 
@@ -374,6 +393,7 @@ def synthetic_cifar(
     label_noise = nonneg("label_noise", label_noise)
     if label_noise > 1:
         raise ValueError(f"label_noise: must be in [0, 1], got {label_noise}")
+    _check_fits({"n_train": n_train, "n_test": n_test}, _SYNTHETIC_SAMPLE_BYTES)
     ss = np.random.SeedSequence([int(seed), 0x5C1FA5])
     s_proto, s_train, s_test = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(3))
     big = 32 + 2 * max_shift
@@ -407,6 +427,7 @@ def gaussian(*, seed: int, dim: int = 10, n_train: int = 10000, n_test: int = 10
     dim = integer("dim", dim)
     n_train = integer("n_train", n_train)
     n_test = integer("n_test", n_test)
+    _check_fits({"n_train": n_train, "n_test": n_test}, 2 * 4 * dim, dim=dim)
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), 0x6A55])))
     xtr = rng.standard_normal((n_train, dim), dtype=np.float32)
     xte = rng.standard_normal((n_test, dim), dtype=np.float32)

@@ -37,7 +37,7 @@ from asyncsim._registry import (
     check_options,
     signature_options,
 )
-from asyncsim.config import rule_label, rule_spec  # noqa: F401  (re-exported)
+from asyncsim.config import check_float32, rule_label, rule_spec  # noqa: F401  (re-exported)
 
 LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -123,6 +123,9 @@ def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") 
     for k in _NONNEG.get(name, ()):
         if k in kwargs:
             _checks.nonneg(f"{key}.{k}", kwargs[k])
+    for k, v in kwargs.items():  # the rules compute in float32, as the core does
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            check_float32(f"{key}.{k}", v)
     # Keyed on the function, not the name: a rule registered again (replace=True, or in a
     # Ray worker) takes effect.
     return _bound(fn, tuple(sorted(kwargs.items())))

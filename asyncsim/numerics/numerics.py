@@ -21,7 +21,7 @@ per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._registry import path_options
-from asyncsim.config import Scenario
+from asyncsim.config import Scenario, check_memory, physical_memory
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import CoreState, make_core
 from asyncsim.numerics.data import (
@@ -41,7 +41,14 @@ from asyncsim.numerics.data import (
     dataset_factory,
     get_dataset,
 )
-from asyncsim.numerics.models import Model, expand_parts, get_model, grad_fn, grad_parts
+from asyncsim.numerics.models import (
+    Model,
+    expand_parts,
+    get_model,
+    grad_fn,
+    grad_parts,
+    num_params,
+)
 
 INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct from batches
 
@@ -65,12 +72,60 @@ def _to_device(a: np.ndarray) -> jax.Array:
     return jax.device_put(np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)))
 
 
+# Bytes a run holds per model parameter at the least: float32 parameters, one gradient and
+# the update's result (momentum buffers and stale versions add more).
+PARAM_BYTES = 3 * 4
+
+
 def build_model(scn: Scenario) -> Model:
-    """``scn``'s model; a refused option is a ScenarioError under ``model.*``."""
+    """``scn``'s model; a refused option is a ScenarioError under ``model.*``, and so is a
+    model too big for this machine's memory (counted from its shapes, before any parameter
+    exists: ``model.hidden = [10**11]`` would abort XLA)."""
     try:
-        return get_model(scn.model.name, **scn.model.options)
+        model = get_model(scn.model.name, **scn.model.options)
+        _check_model_fits(model, scn.model.options)
     except ScenarioError as e:
         raise e.with_file(scn.source) from None
+    return model
+
+
+def _check_model_fits(model: Model, options: Any) -> None:
+    key = _size_option("model", options)
+    what = "the model does not fit in this machine's memory"
+    try:
+        count = num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
+    except (MemoryError, OverflowError, ValueError, TypeError) as e:
+        # The shapes alone are too big (numpy's and XLA's refusals of a dimension beyond
+        # 64 bits); a ValueError from a model with sizes that fit is the model's own.
+        have = physical_memory()
+        if isinstance(e, ValueError | TypeError) and not (
+                have is not None and 4 * _largest_int(options) > have):
+            raise
+        raise ScenarioError(key, f"{what} ({' '.join(str(e).split())[:120]})") from None
+    check_memory(key, count * PARAM_BYTES, f"{what}: its {count:,} parameters need",
+                 f" ({PARAM_BYTES} bytes each: float32 parameters, a gradient, the update)")
+
+
+def _size_option(section: str, options: Any) -> str:
+    """The key of the option that sets the size of a model or data set, for a refusal of
+    its size: the one holding the largest integer (``model.hidden = [10**11]``,
+    ``data.n_train``), else ``section``."""
+    sizes = {k: _largest_int(v) for k, v in options.items()}
+    top = max(sizes, key=sizes.__getitem__, default=None)
+    return f"{section}.{top}" if top is not None and sizes[top] > 0 else section
+
+
+def _largest_int(value: Any) -> int:
+    """The largest integer in an option's value (lists and tables searched), else 0."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return max((_largest_int(v) for v in value), default=0)
+    return 0
 
 
 def build_dataset(scn: Scenario) -> Dataset:
@@ -85,10 +140,9 @@ def build_dataset(scn: Scenario) -> Dataset:
     except ValueError as e:  # DataError: a missing file, a refused download
         raise ScenarioError("data", str(e), file=scn.source) from None
     except MemoryError as e:  # numpy's _ArrayMemoryError: one line, not 38
-        sizes = [k for k in ("n_train", "n_test") if k in scn.data.options]
-        key = f"data.{max(sizes, key=lambda k: scn.data.options[k])}" if sizes else "data"
-        raise ScenarioError(key, f"the data set does not fit in this machine's memory "
-                            f"({' '.join(str(e).split())[:120]})", file=scn.source) from None
+        raise ScenarioError(_size_option("data", scn.data.options), f"the data set does not "
+                            f"fit in this machine's memory ({' '.join(str(e).split())[:120]})",
+                            file=scn.source) from None
 
 
 class Programs:

@@ -42,6 +42,14 @@ _NEEDS_MORE = ("lbfgs", "noisy_sgd")
 # Options that optax takes as functions (a mask over the parameters): not from a file.
 _CALLABLE_ONLY = ("mask", "weight_decay_mask")
 
+# The aliases' common options with a range: (test, the range in words). Decay rates of
+# moment estimates are in [0, 1) (b1 = 2 makes the moments grow without end); eps guards a
+# division, so it is positive (>= 0 where the alias's own default is 0).
+_UNIT = (lambda v: 0 <= v < 1, "in [0, 1)")
+_RANGES = {"b1": _UNIT, "b2": _UNIT, "b3": _UNIT, "decay": _UNIT,
+           "eps": (lambda v: v > 0, "a number > 0"),
+           "eps_root": (lambda v: v >= 0, "a number >= 0")}
+
 __all__ = ["make_transform", "transform_names", "transform_spec"]
 
 
@@ -103,6 +111,11 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
         if (isinstance(d, int | float) and not isinstance(d, bool)
                 and (isinstance(v, bool) or not isinstance(v, int | float))):
             raise ScenarioError(f"{key}.{k}", f"must be a finite number, got {v!r}")
+        if k in _RANGES and isinstance(v, int | float) and not isinstance(v, bool):
+            # eps = 0 where it is the alias's own default (lars)
+            ok, what = _RANGES["eps_root" if k == "eps" and d == 0 else k]
+            if not ok(v):
+                raise ScenarioError(f"{key}.{k}", f"must be {what}, got {v!r}")
     kwargs = check_options(fn, options, key=key, what="optax optimizer", name=name,
                            noun="option", exclude=("learning_rate",), also=("name",))
     return name, kwargs

@@ -22,7 +22,6 @@ first). ``tests/test_cluster.py`` asserts an exact log of this.
 from __future__ import annotations
 
 import math
-import os
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from asyncsim.config import Scenario
+from asyncsim.config import Scenario, check_memory
 from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
 from asyncsim.timing.links import Environment, SharedLink
@@ -48,6 +47,12 @@ _BLOCK = 512
 # taking one is stopped with an error: its up periods are too short for anything to get
 # through.
 _MAX_IDLE_DOWNS = 100_000
+# A run that only simulated time can end (run.sim_time) is stopped with an error when this
+# many updates, plus 10 per learner, happen at one instant: its time stands still (zero
+# compute and link times), so it would never end. Checked every 256 updates, with the
+# progress bar. With positive step times a learner delivers at most one gradient per
+# instant, so an honest run has at most `learners` updates at one instant.
+_MAX_STILL_UPDATES = 10_000
 
 OnUpdate = Callable[[int, Sequence[tuple]], bool | None]
 
@@ -119,9 +124,9 @@ class Simulation:
                      for i in range(c.learners)]
         # The PS's shared interface (timing/links.py), None when it costs nothing.
         self.egress, self.pull_bytes = self._shared(c.network.ps_egress, c.network.pull,
-                                                    msg_bytes)
+                                                    msg_bytes, "ps_egress")
         self.ingress, self.push_bytes = self._shared(c.network.ps_ingress, c.network.push,
-                                                     msg_bytes)
+                                                     msg_bytes, "ps_ingress")
         if c.ps_service is not None:
             self.service = delays.DelayStream(
                 delays.make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir),
@@ -147,6 +152,10 @@ class Simulation:
         self._uapp = tuple(c.append for c in self._ucols)
         self._max_updates: int | None = None
         self._max_gradients: int | None = None
+        self._max_time: float | None = None
+        self._max_still: int | None = None
+        # env.now at the last check, and the version it has stood at since
+        self._still_at, self._still_from = math.nan, 0
         self._progress = None
         # cluster.availability: per learner its (up, down) streams, its process (to
         # interrupt), the event "it is up again" while it is down, and its open down row.
@@ -162,7 +171,8 @@ class Simulation:
         key = f"cluster.network.{direction}.latency"
         model = delays.make_delay(cfg.latency, key=key, base_dir=base_dir)
         nbytes = cfg.bytes if cfg.bytes is not None else (msg_bytes or 0)
-        fixed = 0.0 if math.isinf(cfg.bandwidth) else nbytes / cfg.bandwidth
+        fixed = 0.0 if math.isinf(cfg.bandwidth) else _transfer_time(
+            nbytes, cfg.bandwidth, f"cluster.network.{direction}")
         if isinstance(model, delays.Constant) and getattr(model, "value", None) == 0.0:
             return _Zero if fixed == 0.0 else _Const(fixed)
         return _Link(delays.DelayStream(model, stream_rng(self.seed, stream, learner), learner,
@@ -195,10 +205,11 @@ class Simulation:
                              base_dir)
         return list(zip(up, down, strict=True))
 
-    def _shared(self, cfg, link, msg_bytes) -> tuple[SharedLink | None, float]:
+    def _shared(self, cfg, link, msg_bytes, direction) -> tuple[SharedLink | None, float]:
         nbytes = link.bytes if link.bytes is not None else (msg_bytes or 0)
         if cfg is None or math.isinf(cfg.bandwidth) or nbytes == 0:
             return None, 0.0
+        _transfer_time(nbytes, cfg.bandwidth, f"cluster.network.{direction}")
         return SharedLink(self.env, cfg.bandwidth, cfg.sharing), float(nbytes)
 
     # ------------------------------------------------------------------ hooks for protocols
@@ -385,12 +396,35 @@ class Simulation:
             if self.on_update(v, taken) is False:
                 self._finish("stopped by the driver")
                 return
-        if self._progress is not None and not (self.version & 255):
-            self._progress.update(256)
+        if not (self.version & 255):
+            self._every_256()
         if self._max_updates is not None and self.version >= self._max_updates:
             self._finish("updates")
         elif self._max_gradients is not None and self.n_applied >= self._max_gradients:
             self._finish("gradients")
+
+    def _every_256(self) -> None:
+        """Every 256 updates: the progress bar, and the checks that cost nothing per event
+        (time that overflowed or stands still)."""
+        if self._progress is not None:
+            self._progress.update(256)
+        now = self.env.now
+        if now != self._still_at:
+            self._still_at, self._still_from = now, self.version
+            if now == math.inf:
+                self._not_finite()
+        elif self._max_still is not None and self.version - self._still_from > self._max_still:
+            raise ScenarioError("cluster.compute", f"simulated time stands still at t = "
+                                f"{now:.6g}: {self.version - self._still_from} updates at "
+                                f"one instant, so run.sim_time = {self._max_time:g} is never "
+                                "reached; compute and link times must take time (a "
+                                "positive mean)")
+
+    def _not_finite(self) -> None:
+        raise ScenarioError("cluster.compute", f"simulated time overflowed (t = inf by update "
+                            f"{self.version}): the compute, link and PS service times add up "
+                            "beyond the largest float (1.8e308); give times that sum to a "
+                            "finite run")
 
     def _finish(self, reason: str) -> None:
         self.stopped = True
@@ -410,6 +444,10 @@ class Simulation:
             raise ValueError("give max_updates, max_gradients or max_time")
         self._max_updates = max_updates
         self._max_gradients = max_gradients
+        self._max_time = max_time
+        # Only a run that simulated time alone ends can hang on time that stands still.
+        self._max_still = (_MAX_STILL_UPDATES + 10 * self.learners
+                           if max_updates is None and max_gradients is None else None)
         if progress:
             from tqdm.auto import tqdm
 
@@ -428,6 +466,8 @@ class Simulation:
         finally:
             if self._progress is not None:
                 self._progress.close()
+        if not math.isfinite(self.env.now):
+            self._not_finite()
         return self.trace()
 
     def trace(self) -> Trace:
@@ -441,6 +481,17 @@ class Simulation:
         u = {k: _to_numpy(c) for k, c in zip(UPDATE_COLUMNS, self._ucols, strict=True)}
         d = {k: _to_numpy(c) for k, c in zip(DOWN_COLUMNS, self._dcols, strict=True)}
         return Trace.from_columns(g, u, meta, d)
+
+
+def _transfer_time(nbytes: float, bandwidth: float, key: str) -> float:
+    """Seconds for ``nbytes`` at ``bandwidth``; a ScenarioError under ``key.bandwidth``
+    where that is not a finite time (a bandwidth of 1e-320 bytes/s)."""
+    t = nbytes / bandwidth
+    if not math.isfinite(t):
+        raise ScenarioError(f"{key}.bandwidth", f"{nbytes:g} bytes at {bandwidth!r} bytes/s "
+                            f"take longer than any finite time; allowed: a bandwidth of at "
+                            f"least {nbytes / 1e300:.3g} bytes/s (inf = free)")
+    return t
 
 
 class _Const:
@@ -489,19 +540,8 @@ def check_trace_fits(scenario: Scenario, limits: dict[str, Any], key: str) -> No
     grads = limits.get("max_gradients")
     if grads is None:
         grads = limits["max_updates"] / max(proto.updates_per_gradient(), 1e-12)
-    need = grads * TRACE_ROW_BYTES
-    have = _physical_memory()
-    if have is not None and need > have:
-        raise ScenarioError(key, f"a trace of {grads:.3g} gradients needs about "
-                            f"{need / 2**30:.3g} GiB ({TRACE_ROW_BYTES} bytes each); this "
-                            f"machine has {have / 2**30:.3g} GiB")
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+    check_memory(key, grads * TRACE_ROW_BYTES, f"a trace of {grads:.3g} gradients needs",
+                 f" ({TRACE_ROW_BYTES} bytes each)")
 
 
 def _column(dtype) -> array:

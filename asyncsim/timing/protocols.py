@@ -350,6 +350,13 @@ class SSP(Protocol):
                     ev.succeed()
 
 
+# fixed-delay's "normal" schedule: loc and scale in staleness units. Far outside these the
+# draw is round-robin's (the stalest worker: loc far above every staleness, a tiny scale) or
+# random's (loc far below, a huge scale), and (s - loc) / scale or its square overflows.
+_NORMAL_RANGE = {"loc": (-1e6, 1e6), "scale": (1e-6, 1e6)}
+_NORMAL_DEFAULT = {"loc": "N = tau + 1", "scale": "N / 4"}
+
+
 @register_protocol("fixed-delay")
 class FixedDelay(Protocol):
     """P2's one-device simulation of delay (``trainer.py`` of P2's official code,
@@ -393,9 +400,14 @@ class FixedDelay(Protocol):
             if cfg.schedule != "normal":
                 raise ScenarioError(f"protocol.{key}", f"is read by the \"normal\" schedule "
                                     f"only; this schedule is {cfg.schedule!r}")
-            if not math.isfinite(value) or (key == "scale" and not value > 0):
+            low, high = _NORMAL_RANGE[key]
+            if not low <= value <= high:
                 raise ScenarioError(f"protocol.{key}", "must be a finite number"
-                                    + (" > 0" if key == "scale" else "") + f", got {value}")
+                                    + (" > 0" if key == "scale" else "") + f", in {low:g}.."
+                                    f"{high:g} (staleness units, P2's default "
+                                    f"{_NORMAL_DEFAULT[key]}; "
+                                    "beyond, the draw is round-robin's or random's and "
+                                    f"Phi((s - loc) / scale) overflows), got {value}")
 
     def nominal_staleness(self):
         return float(self.cfg.tau)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncsim._checks import nonneg, positive
+from asyncsim._io import DamagedFile, regular_file
 from asyncsim.timing.delays.base import DelayModel, make_delay, register_delay
 
 # Above 100 the shapes degenerate numerically (gamma shape < 1e-4 draws mostly zeros).
@@ -249,10 +250,13 @@ class Empirical(DelayModel):
     def __init__(self, path: Path, column: str | None = None) -> None:
         path = Path(path)
         try:
+            regular_file(path, "csv")  # not a FIFO (opening it blocks), not /dev/zero
             with path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 columns = list(reader.fieldnames or [])
                 rows = list(reader)
+        except DamagedFile as e:
+            raise ValueError(f"path: {e}") from None
         except OSError as e:
             raise ValueError(f"path: cannot read {str(path)!r}: {e.strerror or e}") from e
         if column is None:
