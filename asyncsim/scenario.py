@@ -66,6 +66,9 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except RecursionError:
+        # tomllib recurses once per bracket: [[[...]]] a thousand deep is a traceback otherwise
+        raise ScenarioError(key, "the value is nested too deeply") from None
     return key, value
 
 

@@ -108,6 +108,13 @@ def test_a_model_too_big_for_the_machine_is_refused(tmp_path, capsys, hidden):
     assert "the model does not fit in this machine's memory" in err
 
 
+def test_an_mlp_deeper_than_xla_compiles_in_time_is_refused(tmp_path, capsys):
+    """Before: 5,000 hidden layers of width 2 compiled for minutes, then XLA aborted."""
+    err = _refused(tmp_path, capsys, "run", "model.hidden",
+                   model={"name": "mlp", "hidden": [2] * 5000})
+    assert "at most 100 layers, got 5000" in err
+
+
 @pytest.mark.parametrize("data", [{"name": "synthetic-cifar", "batch_size": 8,
                                    "n_train": 1_000_000_000, "n_test": 64},
                                   {"name": "gaussian", "batch_size": 8, "n_train": 10**12}])
@@ -206,4 +213,14 @@ def test_source_is_refused_from_set_as_from_a_file(tmp_path, capsys):
     assert main(["trace", str(path), "--set", "source='x'", "--out", str(tmp_path / "t"),
                  "--quiet"]) == 2
     assert "--set source=x: source: is set by asyncsim" in _one_line(capsys)
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_set_value_nested_too_deeply_is_one_line(tmp_path, capsys):
+    """Before: `--set seed=[[[...]]]` 1,000 deep was a RecursionError traceback from tomllib."""
+    path = _scenario(tmp_path, run=TRACE)
+    deep = "[" * 1000 + "]" * 1000
+    assert main(["trace", str(path), "--set", f"seed={deep}", "--out", str(tmp_path / "t"),
+                 "--quiet"]) == 2
+    assert "seed: the value is nested too deeply" in _one_line(capsys)
     assert not (tmp_path / "t").exists()

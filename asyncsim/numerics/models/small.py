@@ -29,6 +29,9 @@ from asyncsim.numerics.models.base import (
 # Small baselines
 # --------------------------------------------------------------------------------------------
 
+#: Deepest MLP accepted (``model.hidden``); far beyond any study here, short of XLA's limits.
+MAX_HIDDEN_LAYERS = 100
+
 
 @register_model("mlp")
 def mlp(
@@ -60,6 +63,11 @@ def mlp(
     # apply, the two losses and their dense-input heads) as closures over its options.
     empty = isinstance(hidden, Sequence) and not isinstance(hidden, str) and len(hidden) == 0
     hidden = () if empty else shape("hidden", hidden)
+    if len(hidden) > MAX_HIDDEN_LAYERS:
+        # XLA compiles one fused step per layer: thousands of layers take minutes to compile
+        # (or abort) long before any gradient, so refuse at the scenario instead
+        raise ValueError(
+            f"hidden: at most {MAX_HIDDEN_LAYERS} layers, got {len(hidden)}")
     input_shape = shape("input_shape", input_shape)
     num_classes = integer("num_classes", num_classes)
     activation = choice("activation", activation, ("relu", "tanh"))
