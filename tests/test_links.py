@@ -13,6 +13,7 @@ import simpy
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
+from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.links import Environment, FairLink, SharedLink
 
 
@@ -434,3 +435,38 @@ def test_the_lone_transfer_shortcut_gives_the_traces_of_the_trip_through_the_que
     with_shortcut = [simulate(s).hash() for s in scenarios]
     monkeypatch.setattr(FairLink, "shortcut", False)
     assert [simulate(s).hash() for s in scenarios] == with_shortcut
+
+
+def _churn_grid():
+    """Fair interfaces (one direction or both) under churn, every protocol that runs
+    learner loops, ties included (constant compute in half of them)."""
+    for kind, directions, compute, seed in itertools.product(
+            ("async", "softsync", "hardsync", "ssp"),
+            (("ps_ingress",), ("ps_ingress", "ps_egress")),
+            ({"dist": "exponential", "mean": 1.0}, {"dist": "constant", "value": 1.0}),
+            (0, 1)):
+        link = {"bytes": 1000, "bandwidth": 5000.0,
+                "latency": {"dist": "exponential", "mean": 0.1}}
+        net = {"pull": link, "push": link}
+        for key in directions:
+            net[key] = {"bandwidth": 3000.0, "sharing": "fair"}
+        proto = {"kind": kind} | {"softsync": {"n": 2}, "ssp": {"s": 2}}.get(kind, {})
+        yield {"seed": seed, "protocol": proto,
+               "cluster": {"learners": 5, "network": net, "compute": compute,
+                           "availability": {"up": {"dist": "exponential", "mean": 15.0},
+                                            "down": {"dist": "exponential", "mean": 3.0}}},
+               "run": {"gradients": 300, "trace_only": True}}
+
+
+def test_a_step_as_one_event_gives_the_traces_of_the_learner_timing_each_part(monkeypatch):
+    # With a fair ingress the learner waits on one event from its computation to the end
+    # of its push (and from its pull, both directions fair): the computation's end and the
+    # learner's links become wake-ups in the turns the learner's own timeouts would have
+    # had, so every trace is the one of the learner timing each part itself -- ties,
+    # learners going down mid-step and the shortcut of a lone transfer included.
+    scenarios = [load_scenario(d) for d in (*_tie_grid(), *_churn_grid())]
+    one_event = [simulate(s).hash() for s in scenarios]
+    monkeypatch.setattr(Simulation, "one_event_steps", False)
+    assert [simulate(s).hash() for s in scenarios] == one_event
+    monkeypatch.setattr(FairLink, "shortcut", False)
+    assert [simulate(s).hash() for s in scenarios] == one_event

@@ -87,6 +87,12 @@ class _Link:
 class Simulation:
     """One run of the timing layer.
 
+    With a fair PS ingress (``cluster.network.ps_ingress``), a learner waits on one event
+    from the start of its computation to the end of its push (``FairLink.push``), or of
+    its pull (both directions fair); ``one_event_steps = False`` times each part with its
+    own event instead, as the learner would itself: the same traces, to the bit
+    (tests/test_links.py), at up to 1.2x the cost (benchmarks/bench_links.py).
+
     Args:
         scenario: a validated :class:`Scenario`.
         msg_bytes: bytes of one message (weights or gradient) when the links have a finite
@@ -97,6 +103,8 @@ class Simulation:
         track_reads: keep ``read_refs`` — how many outstanding gradients read each version —
             so a driver can free parameter versions nobody will read again.
     """
+
+    one_event_steps = True
 
     def __init__(self, scenario: Scenario, *, msg_bytes: int | None = None,
                  on_update: OnUpdate | None = None, track_reads: bool = False):
@@ -232,6 +240,10 @@ class Simulation:
 
     def learner_loop(self, learner: int, compute: delays.DelayStream | None = None):
         """The SimPy process of one learner: pull, compute, push, forever."""
+        # Why this is long: it is the hot loop of every run (a trace-only run is little
+        # else), so each way of timing a step (pull gate, PS service, FIFO or fair links,
+        # a step as one event) is a branch here, set up once, not a generator or a call
+        # per event.
         env = self.env
         proto = self.proto
         # Protocols without a pull gate (async, softsync) skip the call on the hot path.
@@ -244,12 +256,23 @@ class Simulation:
         ps = self.ps
         track = self.track_reads
         egress, ingress = self.egress, self.ingress
-        # A fair interface takes the learner's link with the transfer (fewer events: it is
-        # the costly discipline); FIFO's transfer is one timeout, the links timed as without.
+        # A fair interface takes the learner's link with the transfer, and the computation
+        # before a push (fewer events: it is the costly discipline; with both directions
+        # fair, a step is one event, see go_on); FIFO's transfer is one timeout, the links
+        # and the computation timed as without.
         fair_out = egress is not None and egress.sharing == "fair"
         fair_in = ingress is not None and ingress.sharing == "fair"
+        one_event = fair_in and self.one_event_steps
         then_pull = None if pull is _Zero else pull
+        then_push = None if push is _Zero else push
         pull_bytes, push_bytes = self.pull_bytes, self.push_bytes
+        go_on = None
+        if fair_out and one_event:
+            def go_on(ev):
+                # The weights are in: compute and push, carrying the pull's event on (in the
+                # turn the learner would have resumed; nothing if it went down meanwhile).
+                if ev.callbacks:
+                    ingress.push(comp(env._now), then_push, push_bytes, ev)
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
@@ -269,23 +292,33 @@ class Simulation:
                 if track:
                     self.read_refs[read] = self.read_refs.get(read, 0) + 1
                 if fair_out:  # the weights leave through the PS's shared interface, then
-                    # the learner's link: one event (timing/links.py)
-                    yield egress.transfer(pull_bytes, then_pull, t_pull)
+                    # the learner's link: one event (timing/links.py), the whole step's
+                    # when the ingress is fair too (go_on computes and pushes)
+                    ev = egress.transfer(pull_bytes, then_pull, t_pull, go_on=go_on)
+                    yield ev
                 else:
                     if egress is not None:
                         yield egress.transfer(pull_bytes)
                     if pull is not _Zero:
                         yield timeout(pull.next(t_pull))
-                yield timeout(comp(env.now))
-                t_push = env.now
-                if fair_in:  # the gradient crosses the learner's link, then enters the PS's
-                    yield ingress.transfer(push_bytes, before=None if push is _Zero
-                                           else push.next(t_push))
+                if go_on is not None:
+                    t_push = ev.t_push
+                elif one_event:  # computed, the gradient crosses the learner's link, then
+                    # the PS's shared interface: one event (timing/links.py)
+                    ev = ingress.push(comp(env.now), then_push, push_bytes)
+                    yield ev
+                    t_push = ev.t_push
                 else:
-                    if push is not _Zero:
-                        yield timeout(push.next(t_push))
-                    if ingress is not None:
-                        yield ingress.transfer(push_bytes)
+                    yield timeout(comp(env.now))
+                    t_push = env.now
+                    if fair_in:
+                        yield ingress.transfer(push_bytes, before=None if then_push is None
+                                               else push.next(t_push))
+                    else:
+                        if push is not _Zero:
+                            yield timeout(push.next(t_push))
+                        if ingress is not None:
+                            yield ingress.transfer(push_bytes)
                 if ps is not None:
                     with ps.request() as req:
                         yield req

@@ -11,8 +11,14 @@ that interface, in one direction:
   ``bandwidth / n``; when one starts or ends, the others' rates change.
 
 A pushed gradient crosses the learner's own link, then the interface; pulled weights cross
-the interface, then the learner's link (store and forward). :meth:`SharedLink.transfer`
-takes the learner's link with it, so a message is one event its learner waits on, not two.
+the interface, then the learner's link (store and forward). :meth:`FairLink.transfer`
+takes the learner's link with it, so a message is one event its learner waits on, not two;
+:meth:`FairLink.push` takes the computation before the push too, and a pull's ``go_on``
+carries its event on to that push: with both directions fair, a learner's whole step is
+one event. The parts are wake-ups here, each in the turn the learner's own timeout would
+have had, so the traces are those of a learner timing each part itself, to the bit
+(``Simulation.one_event_steps``; tests/test_links.py); a fair interface is the costly
+discipline (benchmarks/bench_links.py), and the learner's resumptions were a sixth of it.
 
 Determinism: the bytes given to each transfer are advanced in float64 at every start and
 end; transfers left with at most 1e-9 of their size at the same instant end together, in
@@ -188,7 +194,8 @@ class FairLink(SharedLink):
         if not isinstance(env, Environment):
             raise TypeError("fair sharing needs an asyncsim.timing.links.Environment")
         super().__init__(env, bandwidth)
-        # (target, seq, bytes, event, the learner's link after the interface, its t0)
+        # (target, seq, bytes, (event, the learner's link after the interface, its t0,
+        # go_on)): see _start
         self._heap: list[tuple] = []
         self._seq = count()  # the order transfers started in (ties: see _wake)
         self._v = 0.0  # the virtual clock V, as of time self._t
@@ -198,6 +205,8 @@ class FairLink(SharedLink):
         # Bound once: they go into the wake-up queue for every transfer.
         self._wake_cb = self._wake
         self._hop_cb = self._hop
+        self._computed_cb = self._computed
+        self._leg_cb = self._leg
 
     @property
     def in_progress(self) -> int:
@@ -205,32 +214,63 @@ class FairLink(SharedLink):
         return len(self._heap)
 
     def transfer(self, nbytes: float, then=None, t0: float = 0.0, *,
-                 before: float | None = None) -> simpy.Event:
+                 before: float | None = None, go_on=None) -> simpy.Event:
         """The event "``nbytes`` have crossed": first ``before`` time units on the learner's
         own link (a push), then the interface, then ``then.next(t0)`` on the learner's
         link (a pull; drawn when the message leaves the interface, if its learner still
-        waits: as the learner would have drawn it)."""
+        waits: as the learner would have drawn it). With ``go_on``, the event does not
+        fire when the message is in: ``go_on(event)`` is called then, in the turn the event
+        would have had, and carries it on (:meth:`push`: the learner's whole step is one
+        event)."""
         env = self.env
         ev = Event(env)
         nbytes = float(nbytes)
+        rest = (ev, then, t0, go_on)
         if before is not None:
             # The learner's link first: the transfer starts then.
-            env.call_at(before, self._hop_cb, (nbytes, ev, then, t0))
+            env.call_at(before, self._hop_cb, (nbytes, rest))
         elif nbytes > 0:
-            self._start(nbytes, ev, then, t0)
+            self._start(nbytes, rest)
         else:
-            self._leave(ev, then, t0)
+            self._leave(rest)
         return ev
+
+    def push(self, compute: float, link, nbytes: float, ev: Event | None = None) -> Event:
+        """The event "a gradient computed for ``compute`` time units from now, then sent
+        over ``link`` (the learner's push link, drawn when the computation ends: None when
+        it costs nothing), has crossed the interface"; its ``t_push`` is when the
+        computation ended. ``ev``: the event to fire (a pull's, carried on by its
+        ``go_on``), else a new one. One event its learner waits on for the whole step, not
+        three: the end of the computation and of the learner's link are wake-ups here, in
+        the turns the learner's timeouts would have had (the same traces, to the bit)."""
+        if ev is None:
+            ev = Event(self.env)
+        self.env.call_at(compute, self._computed_cb, (ev, link, float(nbytes)))
+        return ev
+
+    def _computed(self, args: tuple) -> None:
+        # The computation ended; a learner that went down meanwhile sends nothing (and
+        # draws no link time, as it would not have).
+        ev, link, nbytes = args
+        if ev.callbacks:
+            now = ev.t_push = self.env._now
+            if link is None:
+                self._start(nbytes, (ev, None, 0.0, None))
+            else:
+                self.env.call_at(link.next(now), self._hop_cb, (nbytes, (ev, None, 0.0, None)))
 
     def _hop(self, args: tuple) -> None:
         # Off the learner's link; one that went down meanwhile sends nothing.
-        if args[1].callbacks:
-            if args[0] > 0:
-                self._start(*args)
+        nbytes, rest = args
+        if rest[0].callbacks:
+            if nbytes > 0:
+                self._start(nbytes, rest)
             else:
-                self._leave(*args[1:])
+                self._leave(rest)
 
-    def _start(self, nbytes: float, ev: Event, then, t0: float) -> None:
+    def _start(self, nbytes: float, rest: tuple) -> None:
+        """The transfer of ``nbytes`` starts now; ``rest``: ``(event, the learner's link
+        after the interface or None, its t0, go_on or None)``."""
         env = self.env
         now = env._now
         heap = self._heap
@@ -238,7 +278,7 @@ class FairLink(SharedLink):
         if heap and now > self._t:  # the virtual clock, advanced to now
             self._v = v = v + (now - self._t) * self.bandwidth / len(heap)
         self._t = now
-        item = (v + nbytes, next(self._seq), nbytes, ev, then, t0)
+        item = (v + nbytes, next(self._seq), nbytes, rest)
         heappush(heap, item)
         if heap[0] is not item:
             # Others are under way, so a wake-up is pending; this one slows them: the
@@ -248,21 +288,29 @@ class FairLink(SharedLink):
             # The only one, or it ends first (a smaller transfer): wake for it.
             self._schedule(env, heap, v)
 
-    def _leave(self, ev: Event, then, t0: float) -> None:
+    def _leave(self, rest: tuple) -> None:
         """The message has crossed the interface now: its event fires, or it goes on to the
         learner's link -- at the turn the event would have had, so that an interruption
         at this instant (a learner going down) comes first, as it would for the event."""
-        if then is None:
-            _fire(self.env, ev, 0.0)
+        if rest[1] is None:
+            self._arrived(rest[0], 0.0, rest[3])
         else:
-            self.env.call_at(0.0, self._leg, (ev, then, t0))
+            self.env.call_at(0.0, self._leg_cb, rest)
 
-    def _leg(self, args: tuple) -> None:
+    def _leg(self, rest: tuple) -> None:
         """On the learner's link after the interface: drawn, as the learner would, only if
         it still waits (one that went down sends nothing further)."""
-        ev, then, t0 = args
+        ev, then, t0, go_on = rest
         if ev.callbacks:
-            _fire(self.env, ev, then.next(t0))
+            self._arrived(ev, then.next(t0), go_on)
+
+    def _arrived(self, ev: Event, delay: float, go_on) -> None:
+        """The message is in, ``delay`` from now: its event fires then, or ``go_on(ev)`` is
+        called then, in the same turn."""
+        if go_on is None:
+            _fire(self.env, ev, delay)
+        else:
+            self.env.call_at(delay, go_on, ev)
 
     def _schedule(self, env: Environment, heap: list, v: float) -> None:
         """The wake-up for the first transfer to end, if nothing starts meantime (pending
@@ -302,7 +350,7 @@ class FairLink(SharedLink):
                     done.append(heappop(heap))
                 done.sort(key=lambda d: d[1])  # ending together: in the order they started
                 for d in done:
-                    self._leave(d[3], d[4], d[5])
+                    self._leave(d[3])
             else:
                 # Nothing else happens at this instant (checked before the next wake-up is
                 # set): the turn of its event (or of its leg) would come right after this
@@ -313,20 +361,23 @@ class FairLink(SharedLink):
                 alone = self.shortcut and (not queue or queue[0][0] > now) and (
                     not wakes or wakes[0][0] > now)
                 if not alone:
-                    self._leave(head[3], head[4], head[5])
+                    self._leave(head[3])
         self._v = v
         self._schedule(env, heap, v)
         if alone:
-            _, _, _, ev, then, t0 = head
-            if then is None:
+            rest = head[3]
+            ev, then, _, go_on = rest
+            if then is not None:
+                self._leg(rest)
+            elif go_on is not None:
+                go_on(ev)  # what the event's turn would have called
+            else:
                 # Its event succeeds and its callbacks run now, as Environment.step would
                 # run them (its learner goes on; none if the learner went down meanwhile).
                 ev._ok, ev._value = True, None
                 callbacks, ev.callbacks = ev.callbacks, None
                 for callback in callbacks:
                     callback(ev)
-            else:
-                self._leg((ev, then, t0))
 
 
 def _fire(env: Environment, ev: Event, delay: float) -> None:
