@@ -91,7 +91,7 @@ class Simulation:
     from the start of its computation to the end of its push (``FairLink.push``), or of
     its pull (both directions fair); ``one_event_steps = False`` times each part with its
     own event instead, as the learner would itself: the same traces, to the bit
-    (tests/test_links.py), at up to 1.2x the cost (benchmarks/bench_links.py).
+    (tests/test_links.py), at 1.1-1.2x the cost (benchmarks/bench_links.py).
 
     Args:
         scenario: a validated :class:`Scenario`.

@@ -17,8 +17,8 @@ takes the learner's link with it, so a message is one event its learner waits on
 carries its event on to that push: with both directions fair, a learner's whole step is
 one event. The parts are wake-ups here, each in the turn the learner's own timeout would
 have had, so the traces are those of a learner timing each part itself, to the bit
-(``Simulation.one_event_steps``; tests/test_links.py); a fair interface is the costly
-discipline (benchmarks/bench_links.py), and the learner's resumptions were a sixth of it.
+(``Simulation.one_event_steps``; tests/test_links.py). A fair interface is the costly
+discipline; the one-event step took 10-16% off its cost (benchmarks/bench_links.py, README).
 
 Determinism: the bytes given to each transfer are advanced in float64 at every start and
 end; transfers left with at most 1e-9 of their size at the same instant end together, in
@@ -254,10 +254,11 @@ class FairLink(SharedLink):
         ev, link, nbytes = args
         if ev.callbacks:
             now = ev.t_push = self.env._now
+            sent = (nbytes, (ev, None, 0.0, None))
             if link is None:
-                self._start(nbytes, (ev, None, 0.0, None))
+                self._hop(sent)  # off a link that costs nothing: at once
             else:
-                self.env.call_at(link.next(now), self._hop_cb, (nbytes, (ev, None, 0.0, None)))
+                self.env.call_at(link.next(now), self._hop_cb, sent)
 
     def _hop(self, args: tuple) -> None:
         # Off the learner's link; one that went down meanwhile sends nothing.
