@@ -470,3 +470,78 @@ def test_a_step_as_one_event_gives_the_traces_of_the_learner_timing_each_part(mo
     assert [simulate(s).hash() for s in scenarios] == one_event
     monkeypatch.setattr(FairLink, "shortcut", False)
     assert [simulate(s).hash() for s in scenarios] == one_event
+
+
+def _as_timeout(env, delay):
+    return simpy.Environment.timeout(env, delay)
+
+
+def test_rare_timeouts_take_the_turns_of_timeouts(monkeypatch):
+    # Environment.rare_timeout keeps its events in a heap of its own, the first standing in
+    # the wake-up queue: processes waiting on them, on timeouts and on wake-ups, meeting at
+    # the same instants, go on in the order they would with every one a timeout. "a"'s
+    # later periods are due before "b"'s first, scheduled earlier, so "b"'s stands in again
+    # and again; "d"'s timeout, scheduled after "b"'s period began but before "b"'s stood
+    # in first, ends with it and comes after it.
+    def script():
+        env = Environment()
+        log = []
+
+        def proc(name, delays, wait):
+            for d in delays:
+                yield wait(d)
+                log.append((name, env.now))
+
+        env.process(proc("a", [1.0, 1.0, 0.5, 0.5], env.rare_timeout))
+        env.process(proc("b", [3.0, 1.0, 2.0], env.rare_timeout))
+        env.process(proc("c", [1.0, 0.5, 1.5, 0.5, 1.5], env.timeout))
+        env.process(proc("d", [0.5, 2.5], env.timeout))
+        for t in (1.0, 2.0, 3.0, 4.0):
+            env.call_at(t, lambda arg: log.append((arg, env.now)), f"call {t}")
+        env.run()
+        return log
+
+    log = script()
+    # By hand: at an instant, in the order of scheduling (the calls, scheduled first; then
+    # what each process scheduled when it last went on).
+    assert log == [("d", 0.5), ("call 1.0", 1.0), ("a", 1.0), ("c", 1.0), ("c", 1.5),
+                   ("call 2.0", 2.0), ("a", 2.0), ("a", 2.5),
+                   ("call 3.0", 3.0), ("b", 3.0), ("d", 3.0), ("c", 3.0), ("a", 3.0),
+                   ("c", 3.5),
+                   ("call 4.0", 4.0), ("b", 4.0), ("c", 5.0), ("b", 6.0)]
+    monkeypatch.setattr(Environment, "rare_timeout", _as_timeout)
+    assert script() == log
+
+
+def _availability_grid():
+    """Learners that come and go at the instants their steps end (constant compute, link
+    latencies and periods: every learner's up period ends with its 4th step), and not
+    (exponential periods), under each protocol with a learner loop and each kind of link."""
+    const = [(latency, {"up": {"dist": "constant", "value": up},
+                        "down": {"dist": "constant", "value": 1.0}})
+             for latency, up in ((0.0, 4.0), (0.25, 6.0))]
+    expo = (0.25, {"up": {"dist": "exponential", "mean": 6.0},
+                   "down": {"dist": "exponential", "mean": 1.0}})
+    for kind, sharing, (latency, avail) in itertools.product(
+            ("async", "softsync", "hardsync", "ssp"), (None, "fifo", "fair"), (*const, expo)):
+        link = {"bytes": 100, "latency": {"dist": "constant", "value": latency}}
+        net = {"pull": link, "push": link}
+        if sharing is not None:
+            for key in ("ps_egress", "ps_ingress"):
+                net[key] = {"bandwidth": 600.0, "sharing": sharing}
+        proto = {"kind": kind} | {"softsync": {"n": 2}, "ssp": {"s": 1}}.get(kind, {})
+        yield {"seed": 0, "protocol": proto,
+               "cluster": {"learners": 3, "network": net, "availability": avail,
+                           "compute": {"dist": "constant", "value": 1.0}},
+               "run": {"gradients": 120, "trace_only": True}}
+
+
+def test_availability_periods_as_rare_timeouts_give_the_traces_of_timeouts(monkeypatch):
+    # A learner's up and down periods wait in the environment's heap of rare events: the
+    # traces are those of periods timed by SimPy timeouts, to the bit, where a period
+    # ends as a step does.
+    scenarios = [load_scenario(d) for d in _availability_grid()]
+    rare = [simulate(s) for s in scenarios]
+    assert sum(r.num_down for r in rare) > 36 * 20  # periods end, over and over
+    monkeypatch.setattr(Environment, "rare_timeout", _as_timeout)
+    assert [simulate(s).hash() for s in scenarios] == [r.hash() for r in rare]

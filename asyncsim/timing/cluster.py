@@ -368,7 +368,7 @@ class Simulation:
         env = self.env
         up, down = self.avail[learner]
         while True:
-            yield env.timeout(up.next(env.now))
+            yield env.rare_timeout(up.next(env.now))
             proc = self._procs[learner]
             if proc is None:
                 raise ScenarioError("cluster.availability", f"protocol "
@@ -377,7 +377,7 @@ class Simulation:
             # The learner's process records the period (it knows what it loses); an
             # interruption is urgent, so that happens before this process goes on.
             proc.interrupt("down")
-            yield env.timeout(down.next(env.now))
+            yield env.rare_timeout(down.next(env.now))
             self._dcols[2][self._open[learner]] = env.now
             back, self._back[learner] = self._back[learner], None
             back.succeed()
