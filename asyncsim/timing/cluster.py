@@ -88,7 +88,7 @@ class Simulation:
     """One run of the timing layer.
 
     With a fair PS ingress (``cluster.network.ps_ingress``), a learner waits on one event
-    from the start of its computation to the end of its push (``FairLink.push``), or of
+    from the start of its computation to the end of its push (``FairLink.sender``), or of
     its pull (both directions fair); ``one_event_steps = False`` times each part with its
     own event instead, as the learner would itself: the same traces, to the bit
     (tests/test_links.py), at 1.1-1.2x the cost (benchmarks/bench_links.py).
@@ -266,13 +266,14 @@ class Simulation:
         then_pull = None if pull is _Zero else pull
         then_push = None if push is _Zero else push
         pull_bytes, push_bytes = self.pull_bytes, self.push_bytes
+        send = ingress.sender(then_push, push_bytes) if one_event else None
         go_on = None
         if fair_out and one_event:
             def go_on(ev):
                 # The weights are in: compute and push, carrying the pull's event on (in the
                 # turn the learner would have resumed; nothing if it went down meanwhile).
                 if ev.callbacks:
-                    ingress.push(comp(env._now), then_push, push_bytes, ev)
+                    send(comp(env._now), ev)
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
@@ -286,9 +287,9 @@ class Simulation:
                 if ps is not None:
                     with ps.request() as req:
                         yield req
-                        yield timeout(self.service.next(env.now))
+                        yield timeout(self.service.next(env._now))
                 read = self.version
-                t_pull = env.now
+                t_pull = env._now
                 if track:
                     self.read_refs[read] = self.read_refs.get(read, 0) + 1
                 if fair_out:  # the weights leave through the PS's shared interface, then
@@ -305,12 +306,12 @@ class Simulation:
                     t_push = ev.t_push
                 elif one_event:  # computed, the gradient crosses the learner's link, then
                     # the PS's shared interface: one event (timing/links.py)
-                    ev = ingress.push(comp(env.now), then_push, push_bytes)
+                    ev = send(comp(env._now))
                     yield ev
                     t_push = ev.t_push
                 else:
-                    yield timeout(comp(env.now))
-                    t_push = env.now
+                    yield timeout(comp(env._now))
+                    t_push = env._now
                     if fair_in:
                         yield ingress.transfer(push_bytes, before=None if then_push is None
                                                else push.next(t_push))
@@ -322,13 +323,13 @@ class Simulation:
                 if ps is not None:
                     with ps.request() as req:
                         yield req
-                        yield timeout(self.service.next(env.now))
+                        yield timeout(self.service.next(env._now))
             except simpy.Interrupt:
                 # Down (cluster.availability): the gradient under way is lost; back up, the
                 # learner pulls afresh and computes the same batch again.
                 yield from self._down(learner, batch, read, t_pull)
                 continue
-            arrive(self, (learner, batch, read, t_pull, t_push, env.now))
+            arrive(self, (learner, batch, read, t_pull, t_push, env._now))
             batch += 1
 
     def _down(self, learner: int, batch: int, read: int, t_pull: float):

@@ -13,7 +13,7 @@ that interface, in one direction:
 A pushed gradient crosses the learner's own link, then the interface; pulled weights cross
 the interface, then the learner's link (store and forward). :meth:`FairLink.transfer`
 takes the learner's link with it, so a message is one event its learner waits on, not two;
-:meth:`FairLink.push` takes the computation before the push too, and a pull's ``go_on``
+:meth:`FairLink.sender`'s pushes take the computation before them too, and a pull's ``go_on``
 carries its event on to that push: with both directions fair, a learner's whole step is
 one event. The parts are wake-ups here, each in the turn the learner's own timeout would
 have had, so the traces are those of a learner timing each part itself, to the bit
@@ -69,7 +69,9 @@ class Environment(simpy.Environment):
 
     def call_at(self, delay: float, call, arg) -> None:
         """``call(arg)`` in ``delay``, in its turn among the events (a timeout without an
-        event: nothing can wait on it)."""
+        event: nothing can wait on it). The hot paths of :class:`FairLink` push this entry
+        themselves (a learner's step is three of them; the calls were 2% of a run's
+        instructions)."""
         heappush(self._wakes, (self._now + delay, NORMAL, next(self._eid), call, arg))
 
     def rare_timeout(self, delay: float) -> Event:
@@ -260,7 +262,7 @@ class FairLink(SharedLink):
         link (a pull; drawn when the message leaves the interface, if its learner still
         waits: as the learner would have drawn it). With ``go_on``, the event does not
         fire when the message is in: ``go_on(event)`` is called then, in the turn the event
-        would have had, and carries it on (:meth:`push`: the learner's whole step is one
+        would have had, and carries it on (:meth:`sender`: the learner's whole step is one
         event)."""
         env = self.env
         ev = Event(env)
@@ -275,18 +277,27 @@ class FairLink(SharedLink):
             self._leave(rest)
         return ev
 
-    def push(self, compute: float, link, nbytes: float, ev: Event | None = None) -> Event:
-        """The event "a gradient computed for ``compute`` time units from now, then sent
-        over ``link`` (the learner's push link, drawn when the computation ends: None when
-        it costs nothing), has crossed the interface"; its ``t_push`` is when the
-        computation ended. ``ev``: the event to fire (a pull's, carried on by its
-        ``go_on``), else a new one. One event its learner waits on for the whole step, not
-        three: the end of the computation and of the learner's link are wake-ups here, in
-        the turns the learner's timeouts would have had (the same traces, to the bit)."""
-        if ev is None:
-            ev = Event(self.env)
-        self.env.call_at(compute, self._computed_cb, (ev, link, float(nbytes)))
-        return ev
+    def sender(self, link, nbytes: float):
+        """``send(compute, ev=None)``: the event "a gradient computed for ``compute`` time
+        units from now, then sent over ``link`` (the learner's push link, drawn when the
+        computation ends: None when it costs nothing), ``nbytes`` of it, has crossed the
+        interface"; its ``t_push`` is when the computation ended. ``ev``: the event to fire
+        (a pull's, carried on by its ``go_on``), else a new one. One event its learner waits
+        on for the whole step, not three: the end of the computation and of the learner's
+        link are wake-ups here, in the turns the learner's timeouts would have had (the
+        same traces, to the bit). One sender per learner, bound once."""
+        env = self.env
+        wakes, eid, computed = env._wakes, env._eid, self._computed_cb
+        nbytes = float(nbytes)
+
+        def send(compute: float, ev: Event | None = None) -> Event:
+            if ev is None:
+                ev = Event(env)
+            heappush(wakes, (env._now + compute, NORMAL, next(eid), computed,
+                             (ev, link, nbytes)))  # env.call_at, written out
+            return ev
+
+        return send
 
     def _computed(self, args: tuple) -> None:
         # The computation ended; a learner that went down meanwhile sends nothing (and
@@ -298,7 +309,9 @@ class FairLink(SharedLink):
             if link is None:
                 self._hop(sent)  # off a link that costs nothing: at once
             else:
-                self.env.call_at(link.next(now), self._hop_cb, sent)
+                env = self.env  # env.call_at, written out
+                heappush(env._wakes, (now + link.next(now), NORMAL, next(env._eid),
+                                      self._hop_cb, sent))
 
     def _hop(self, args: tuple) -> None:
         # Off the learner's link; one that went down meanwhile sends nothing.
@@ -348,10 +361,11 @@ class FairLink(SharedLink):
     def _arrived(self, ev: Event, delay: float, go_on) -> None:
         """The message is in, ``delay`` from now: its event fires then, or ``go_on(ev)`` is
         called then, in the same turn."""
+        env = self.env
         if go_on is None:
-            _fire(self.env, ev, delay)
-        else:
-            self.env.call_at(delay, go_on, ev)
+            _fire(env, ev, delay)
+        else:  # env.call_at, written out
+            heappush(env._wakes, (env._now + delay, NORMAL, next(env._eid), go_on, ev))
 
     def _schedule(self, env: Environment, heap: list, v: float) -> None:
         """The wake-up for the first transfer to end, if nothing starts meantime (pending
