@@ -70,8 +70,8 @@ class Environment(simpy.Environment):
     def call_at(self, delay: float, call, arg) -> None:
         """``call(arg)`` in ``delay``, in its turn among the events (a timeout without an
         event: nothing can wait on it). The hot paths of :class:`FairLink` push this entry
-        themselves (a learner's step is three of them; the calls were 2% of a run's
-        instructions)."""
+        themselves (a learner's step is three of them; the calls were ~2% of a run's
+        instructions under cachegrind)."""
         heappush(self._wakes, (self._now + delay, NORMAL, next(self._eid), call, arg))
 
     def rare_timeout(self, delay: float) -> Event:
@@ -83,8 +83,8 @@ class Environment(simpy.Environment):
         of both queues (with fair links, SimPy's queue is otherwise nearly empty). Here they
         wait in a heap of their own; the first of them stands in the wake-up queue under its
         own key ``(time, NORMAL, eid)``, so it is taken when the timeout would have been.
-        That took ~3% off a run's instructions with fair links and availability
-        (benchmarks/bench_links.py under cachegrind)."""
+        Under cachegrind (benchmarks/bench_links.py's cluster, fair links and availability)
+        that was 1-3% of a run's instructions, about the run-to-run noise of that count."""
         ev = Event(self)
         ev._ok, ev._value = True, None
         item = (self._now + delay, NORMAL, next(self._eid), ev)
