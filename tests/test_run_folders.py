@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import tomllib
 from pathlib import Path
@@ -278,58 +277,60 @@ def test_resume_after_kill_9_writes_what_the_uninterrupted_run_does(tmp_path):
     assert _summary(out)["param_hash"] == _summary(full)["param_hash"]
 
 
-def test_a_ctrl_c_that_lands_in_a_gc_callback_stops_the_run_resumably(tmp_path, capsys,
-                                                                      monkeypatch):
+_CTRL_C_IN_THE_COLLECTOR = """
+import gc, json, signal, sys
+from asyncsim.cli import main
+from asyncsim.drivers import driver as drv
+
+armed, seen, dropped = [], [], []
+
+def in_the_collector(phase, info):
+    if phase == "start" and armed:
+        armed.clear()
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, while this callback runs
+
+real = drv.Driver._after
+
+def after(self, done, **kw):
+    seen.append(done)
+    if done == 12:
+        armed.append(True)
+        gc.collect()  # the KeyboardInterrupt is raised in the callback, and dropped
+        assert not armed
+    return real(self, done, **kw)
+
+drv.Driver._after = after
+# what the interpreter drops ("Exception ignored in ...")
+sys.unraisablehook = lambda u: dropped.append(u.exc_type.__name__)
+gc.callbacks.append(in_the_collector)
+rc = main(["run", sys.argv[1], "--out", sys.argv[2], "--quiet", "--no-figure"])
+print(json.dumps({"rc": rc, "dropped": dropped, "last": max(seen)}))
+"""
+
+
+def test_a_ctrl_c_that_lands_in_a_gc_callback_stops_the_run_resumably(tmp_path, monkeypatch):
     """Ctrl-C raises KeyboardInterrupt in whatever Python code runs then; in a garbage
     collector callback (JAX's frees XLA buffers) the interpreter prints "Exception ignored"
     and drops it, and the run went on to exit 0. Now it stops after that update, as any
     Ctrl-C does (status 130, a checkpoint and no summary), and resumes to the numbers of
-    the run that was never stopped."""
-    import gc
-
+    the run that was never stopped. The stopped run is a process of its own, as a command
+    is: inside the test process, what earlier tests left (in one loaded CI run the
+    KeyboardInterrupt was not raised in the callback there) is not the command's state."""
     from asyncsim import _process
-    from asyncsim.drivers import driver as drv
 
     path = _write(tmp_path / "s.toml",
                   TINY.replace("eval_every = 10", "eval_every = 10\ncheckpoint_every = 5"))
     full = tmp_path / "full"
     assert main(["run", str(path), "--out", str(full), "--quiet", "--no-figure"]) == 0
-    armed = []
-
-    def in_the_collector(phase, info):
-        # Only in the main thread's collection: a collection another thread (JAX's, say)
-        # starts runs this callback there, where the signal's handler does not run, so the
-        # KeyboardInterrupt would land later in the main thread, not in this callback (it
-        # made this test fail once in a loaded CI run).
-        if phase == "start" and armed and threading.current_thread() is threading.main_thread():
-            armed.clear()
-            signal.raise_signal(signal.SIGINT)  # Ctrl-C, while this callback runs
-
-    real = drv.Driver._after
-    seen = []
-
-    def after(self, done, **kw):
-        seen.append(done)
-        if done == 12:
-            armed.append(True)
-            gc.collect()  # the KeyboardInterrupt is raised in the callback, and dropped
-            assert not armed
-        return real(self, done, **kw)
-
-    monkeypatch.setattr(drv.Driver, "_after", after)
-    dropped = []  # what the interpreter drops ("Exception ignored in ...")
-    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
     out = tmp_path / "stopped"
-    gc.callbacks.append(in_the_collector)
-    try:
-        rc = main(["run", str(path), "--out", str(out), "--quiet", "--no-figure"])
-    finally:
-        gc.callbacks.remove(in_the_collector)
-    assert dropped == [KeyboardInterrupt]  # dropped where it landed
-    assert rc == 130 and capsys.readouterr().err == "asyncsim: interrupted\n"
-    assert max(seen) == 12  # stopped after the update it landed in
+    r = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_COLLECTOR, str(path), str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["dropped"] == ["KeyboardInterrupt"]  # dropped where it landed
+    assert got["rc"] == 130 and r.stderr.endswith("asyncsim: interrupted\n")
+    assert got["last"] == 12  # stopped after the update it landed in
     assert (out / "checkpoint.npz").exists() and not (out / "summary.json").exists()
-    monkeypatch.undo()
     # A Ctrl-C recorded before (here: by hand) is not the next run's: it runs to its end.
     monkeypatch.setattr(_process, "_interrupted", True)
     assert main(["run", "--resume", str(out), "--quiet", "--no-figure"]) == 0
