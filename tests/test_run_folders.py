@@ -322,20 +322,28 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_stops_the_run_resumably(tmp_path, 
     and drops it, and the run went on to exit 0. Now it stops after that update, as any
     Ctrl-C does (status 130, a checkpoint and no summary), and resumes to the numbers of
     the run that was never stopped. The stopped run is a process of its own, as a command
-    is. (In loaded CI runs the test's one gc.collect() sometimes found another thread's
-    collection under way and did nothing: the script asks again until its callback ran.)"""
+    is."""
     from asyncsim import _process
 
     path = _write(tmp_path / "s.toml",
                   TINY.replace("eval_every = 10", "eval_every = 10\ncheckpoint_every = 5"))
     full = tmp_path / "full"
     assert main(["run", str(path), "--out", str(full), "--quiet", "--no-figure"]) == 0
-    out = tmp_path / "stopped"
-    r = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_COLLECTOR, str(path), str(out)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    got = json.loads(r.stdout.splitlines()[-1])
-    assert got["dropped"] == ["KeyboardInterrupt"]  # dropped where it landed
+    # The Ctrl-C must land in the callback for this test to test anything: in fresh-clone
+    # CI runs under load it sometimes did not (nothing dropped; the cause is not found yet:
+    # not a leftover SIGINT handler, not the test process's state). Only that outcome is
+    # tried again, in a new process; anything else fails.
+    tries = []
+    for attempt in range(3):
+        out = tmp_path / f"stopped{attempt}"
+        r = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_COLLECTOR, str(path),
+                            str(out)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout.splitlines()[-1])
+        tries.append((got, r.stderr[-300:]))
+        if got["dropped"]:
+            break
+    assert got["dropped"] == ["KeyboardInterrupt"], tries  # dropped where it landed
     assert got["rc"] == 130 and r.stderr.endswith("asyncsim: interrupted\n")
     assert got["last"] == 12  # stopped after the update it landed in
     assert (out / "checkpoint.npz").exists() and not (out / "summary.json").exists()
