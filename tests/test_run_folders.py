@@ -279,6 +279,9 @@ def test_resume_after_kill_9_writes_what_the_uninterrupted_run_does(tmp_path):
 
 _CTRL_C_IN_THE_COLLECTOR = """
 import gc, json, signal, sys, threading, time
+# Ctrl-C as at a terminal: a process started in the background by a shell inherits SIGINT
+# ignored (bash does that for `cmd &`), and then no Ctrl-C ever lands (CI ran so).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from asyncsim.cli import main
 from asyncsim.drivers import driver as drv
 
@@ -329,21 +332,12 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_stops_the_run_resumably(tmp_path, 
                   TINY.replace("eval_every = 10", "eval_every = 10\ncheckpoint_every = 5"))
     full = tmp_path / "full"
     assert main(["run", str(path), "--out", str(full), "--quiet", "--no-figure"]) == 0
-    # The Ctrl-C must land in the callback for this test to test anything: in fresh-clone
-    # CI runs under load it sometimes did not (nothing dropped; the cause is not found yet:
-    # not a leftover SIGINT handler, not the test process's state). Only that outcome is
-    # tried again, in a new process; anything else fails.
-    tries = []
-    for attempt in range(3):
-        out = tmp_path / f"stopped{attempt}"
-        r = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_COLLECTOR, str(path),
-                            str(out)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        got = json.loads(r.stdout.splitlines()[-1])
-        tries.append((got, r.stderr[-300:]))
-        if got["dropped"]:
-            break
-    assert got["dropped"] == ["KeyboardInterrupt"], tries  # dropped where it landed
+    out = tmp_path / "stopped"
+    r = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_COLLECTOR, str(path), str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["dropped"] == ["KeyboardInterrupt"], got  # dropped where it landed
     assert got["rc"] == 130 and r.stderr.endswith("asyncsim: interrupted\n")
     assert got["last"] == 12  # stopped after the update it landed in
     assert (out / "checkpoint.npz").exists() and not (out / "summary.json").exists()
