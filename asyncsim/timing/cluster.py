@@ -266,14 +266,11 @@ class Simulation:
         then_pull = None if pull is _Zero else pull
         then_push = None if push is _Zero else push
         pull_bytes, push_bytes = self.pull_bytes, self.push_bytes
-        send = ingress.sender(then_push, push_bytes) if one_event else None
-        go_on = None
-        if fair_out and one_event:
-            def go_on(ev):
-                # The weights are in: compute and push, carrying the pull's event on (in the
-                # turn the learner would have resumed; nothing if it went down meanwhile).
-                if ev.callbacks:
-                    send(comp(env._now), ev)
+        send = ingress.sender(then_push, push_bytes, comp) if one_event else None
+        # The weights are in: compute and push, carrying the pull's event on (in the turn
+        # the learner would have resumed; nothing if it went down meanwhile).
+        go_on = send if fair_out and one_event else None
+        pull_out = egress.puller(then_pull, pull_bytes, go_on) if fair_out else None
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
@@ -295,7 +292,7 @@ class Simulation:
                 if fair_out:  # the weights leave through the PS's shared interface, then
                     # the learner's link: one event (timing/links.py), the whole step's
                     # when the ingress is fair too (go_on computes and pushes)
-                    ev = egress.transfer(pull_bytes, then_pull, t_pull, go_on=go_on)
+                    ev = pull_out(t_pull)
                     yield ev
                 else:
                     if egress is not None:
@@ -306,7 +303,7 @@ class Simulation:
                     t_push = ev.t_push
                 elif one_event:  # computed, the gradient crosses the learner's link, then
                     # the PS's shared interface: one event (timing/links.py)
-                    ev = send(comp(env._now))
+                    ev = send()
                     yield ev
                     t_push = ev.t_push
                 else:

@@ -247,7 +247,6 @@ class FairLink(SharedLink):
         # Bound once: they go into the wake-up queue for every transfer.
         self._wake_cb = self._wake
         self._hop_cb = self._hop
-        self._computed_cb = self._computed
         self._leg_cb = self._leg
 
     @property
@@ -277,41 +276,63 @@ class FairLink(SharedLink):
             self._leave(rest)
         return ev
 
-    def sender(self, link, nbytes: float):
-        """``send(compute, ev=None)``: the event "a gradient computed for ``compute`` time
-        units from now, then sent over ``link`` (the learner's push link, drawn when the
+    def puller(self, then, nbytes: float, go_on=None):
+        """``pull(t0)``: :meth:`transfer` ``(nbytes, then, t0, go_on=go_on)``, bound once
+        (a learner's pulls: one call a step, not two)."""
+        env = self.env
+        nbytes = float(nbytes)
+        if nbytes <= 0:
+            return lambda t0: self.transfer(nbytes, then, t0, go_on=go_on)
+        start = self._start
+
+        def pull(t0: float) -> Event:
+            ev = Event(env)
+            start(nbytes, (ev, then, t0, go_on))
+            return ev
+
+        return pull
+
+    def sender(self, link, nbytes: float, compute):
+        """``send(ev=None)``: the event "a gradient computed for ``compute(now)`` time units
+        from now, then sent over ``link`` (the learner's push link, drawn when the
         computation ends: None when it costs nothing), ``nbytes`` of it, has crossed the
         interface"; its ``t_push`` is when the computation ended. ``ev``: the event to fire
-        (a pull's, carried on by its ``go_on``), else a new one. One event its learner waits
-        on for the whole step, not three: the end of the computation and of the learner's
-        link are wake-ups here, in the turns the learner's timeouts would have had (the
-        same traces, to the bit). One sender per learner, bound once."""
+        (a pull's, carried on: ``send`` is then the pull's ``go_on``, and does nothing if
+        its learner went down meanwhile), else a new one. One event its learner waits on
+        for the whole step, not three: the end of the computation and of the learner's link
+        are wake-ups here, in the turns the learner's timeouts would have had (the same
+        traces, to the bit). One sender per learner, bound once; its three steps are
+        closures over it, so a wake-up carries only the event."""
         env = self.env
-        wakes, eid, computed = env._wakes, env._eid, self._computed_cb
+        wakes, eid = env._wakes, env._eid
         nbytes = float(nbytes)
+        start = self._start if nbytes > 0 else (lambda _, rest: self._leave(rest))
 
-        def send(compute: float, ev: Event | None = None) -> Event:
+        def hop(ev: Event) -> None:
+            # Off the learner's link; one that went down meanwhile sends nothing.
+            if ev.callbacks:
+                start(nbytes, (ev, None, 0.0, None))
+
+        def computed(ev: Event) -> None:
+            # The computation ended; a learner that went down meanwhile sends nothing (and
+            # draws no link time, as it would not have).
+            if ev.callbacks:
+                now = ev.t_push = env._now
+                if link is None:
+                    start(nbytes, (ev, None, 0.0, None))  # off a link that costs nothing
+                else:  # env.call_at, written out
+                    heappush(wakes, (now + link.next(now), NORMAL, next(eid), hop, ev))
+
+        def send(ev: Event | None = None) -> Event:
             if ev is None:
                 ev = Event(env)
-            heappush(wakes, (env._now + compute, NORMAL, next(eid), computed,
-                             (ev, link, nbytes)))  # env.call_at, written out
+            elif not ev.callbacks:
+                return ev  # the pull's learner went down meanwhile: it computes nothing
+            now = env._now
+            heappush(wakes, (now + compute(now), NORMAL, next(eid), computed, ev))
             return ev
 
         return send
-
-    def _computed(self, args: tuple) -> None:
-        # The computation ended; a learner that went down meanwhile sends nothing (and
-        # draws no link time, as it would not have).
-        ev, link, nbytes = args
-        if ev.callbacks:
-            now = ev.t_push = self.env._now
-            sent = (nbytes, (ev, None, 0.0, None))
-            if link is None:
-                self._hop(sent)  # off a link that costs nothing: at once
-            else:
-                env = self.env  # env.call_at, written out
-                heappush(env._wakes, (now + link.next(now), NORMAL, next(env._eid),
-                                      self._hop_cb, sent))
 
     def _hop(self, args: tuple) -> None:
         # Off the learner's link; one that went down meanwhile sends nothing.
@@ -390,14 +411,18 @@ class FairLink(SharedLink):
         self._t = now
         head = heap[0]
         alone = False  # the one transfer that ends now, when nothing else happens now
-        # Early (a transfer started since it was set, slowing the first): none ends.
-        if not (self._early and head[0] - v > _TOL * head[2]):
-            if not self._early and v < head[0]:
+        if self._early:
+            early = head[0] - v > _TOL * head[2]
+        else:
+            early = False
+            if v < head[0]:
                 # Nothing started since this wake-up was set for the first transfer to end:
                 # it ends now, whatever the last bits of the clocks say (at large times,
                 # rounding of the time moves V by more than any byte tolerance; waiting for
                 # it never ends).
                 v = head[0]
+        # Early (a transfer started since it was set, slowing the first): none ends.
+        if not early:
             heappop(heap)
             if heap and heap[0][0] - v <= _TOL * heap[0][2]:
                 done = [head]
@@ -417,8 +442,14 @@ class FairLink(SharedLink):
                     not wakes or wakes[0][0] > now)
                 if not alone:
                     self._leave(head[3])
+        # The next wake-up (_schedule, written out: every wake-up sets one).
         self._v = v
-        self._schedule(env, heap, v)
+        self._gen = gen = gen + 1
+        self._early = False
+        if heap:
+            left = heap[0][0] - v
+            heappush(env._wakes, (now + (left if left > 0.0 else 0.0) * len(heap)
+                                  / self.bandwidth, NORMAL, next(env._eid), self._wake_cb, gen))
         if alone:
             rest = head[3]
             ev, then, _, go_on = rest
