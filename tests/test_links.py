@@ -242,6 +242,36 @@ def test_a_message_crosses_the_learners_link_and_the_interface_in_order():
     assert ends == pytest.approx({"B": 1.75, "A": 2.0})
 
 
+def test_a_step_as_one_event_by_hand():
+    # A learner's pull, 1 B over a 1 B/s fair egress then its own link (0.25 s), carried on
+    # by its sender (go_on): compute 1 s, its push link 0.5 s, then 1 B over a 1 B/s fair
+    # ingress. Alone throughout: out of the egress at 1.0, weights in at 1.25, computed at
+    # 2.25 (t_push), off its link at 2.75, in at 3.75 -- one event. Zero bytes skip the
+    # interface: a pull is its link alone (0.25), a push its computation alone (1.0).
+    env = Environment()
+    egress, ingress = SharedLink(env, 1.0, "fair"), SharedLink(env, 1.0, "fair")
+    send = ingress.sender(_Const(0.5), 1.0, lambda now: 1.0)
+    pull = egress.puller(_Const(0.25), 1.0, go_on=send)
+    out = {}
+
+    def learner():
+        ev = pull(0.0)
+        yield ev
+        out["step"] = (env.now, ev.t_push)
+
+    def zero_bytes():
+        yield egress.puller(_Const(0.25), 0)(0.0)
+        out["pull"] = env.now
+        ev = ingress.sender(None, 0, lambda now: 1.0)()
+        yield ev
+        out["push"] = (env.now, ev.t_push)
+
+    env.process(learner())
+    env.process(zero_bytes())
+    env.run()
+    assert out == {"step": (3.75, 2.25), "pull": 0.25, "push": (1.25, 1.25)}
+
+
 def _one_goes_down(down_at: float, before: float | None):
     """Two 1 B transfers over a 1 B/s fair link from t = 0; the first's learner goes down at
     ``down_at`` (its process interrupted). Returns the second's end and whether the first
