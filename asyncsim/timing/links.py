@@ -12,7 +12,8 @@ that interface, in one direction:
 
 A pushed gradient crosses the learner's own link, then the interface; pulled weights cross
 the interface, then the learner's link (store and forward). :meth:`FairLink.transfer`
-takes the learner's link with it, so a message is one event its learner waits on, not two;
+(and :meth:`FairLink.puller`, a learner's pulls bound once) takes the learner's link with
+it, so a message is one event its learner waits on, not two;
 :meth:`FairLink.sender`'s pushes take the computation before them too, and a pull's ``go_on``
 carries its event on to that push: with both directions fair, a learner's whole step is
 one event. The parts are wake-ups here, each in the turn the learner's own timeout would
