@@ -16,7 +16,8 @@ from asyncsim.config import Scenario
 from asyncsim.drivers.driver import message_bytes
 from asyncsim.drivers.record import start_folder
 from asyncsim.numerics.data import train_size
-from asyncsim.timing.cluster import Simulation, run_length
+from asyncsim.timing.cluster import Simulation
+from asyncsim.timing.limits import run_length
 from asyncsim.trace import Trace
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
-from asyncsim.timing.cluster import run_length
+from asyncsim.timing.limits import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 
 # ----------------------------------------------------------------------------- Ray setup
