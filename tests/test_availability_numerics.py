@@ -122,6 +122,27 @@ def test_replay_equals_online_under_churn(proto, momentum, num_cache, tiny):
         same_params(scanned.params, online.params, rtol=1e-5, atol=1e-6)
 
 
+def test_online_through_a_fair_interface_under_churn_replays_bit_for_bit(num_cache, tiny):
+    # Both PS directions fair: each step is one event that pulls again itself, without
+    # resuming the learner's process (Simulation._chained). The online driver frees a
+    # version once no gradient out reads it (Simulation.read_refs): that count must follow
+    # every step and every loss, or a freed version is read, or the replay differs.
+    link = {"bytes": 1000, "bandwidth": 8000.0}
+    scn = tiny(cluster={"network": {"pull": link, "push": link,
+                                    "ps_egress": {"bandwidth": 3000.0, "sharing": "fair"},
+                                    "ps_ingress": {"bandwidth": 3000.0, "sharing": "fair"}}},
+               optimizer={"lr": 0.03, "momentum": {"kind": "heavy-ball", "beta": 0.8}})
+    num = num_cache(scn)
+    online = run(scn, numerics=num)
+    trace = online.trace
+    check_trace(trace, scn)
+    assert_lost(trace)
+    assert trace.num_updates == 20 and not online.summary["diverged"]
+    assert simulate(scn).hash() == trace.hash() == online.summary["trace_hash"]
+    again = replay(scn, trace, numerics=num)
+    assert again.summary["param_hash"] == online.summary["param_hash"]
+
+
 def test_hardsync_under_churn_has_uneven_rounds(tiny):
     # What makes the case above exercise the refusal (a trace with even rounds would
     # silently skip it).

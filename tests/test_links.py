@@ -502,6 +502,38 @@ def test_a_step_as_one_event_gives_the_traces_of_the_learner_timing_each_part(mo
     assert [simulate(s).hash() for s in scenarios] == one_event
 
 
+@pytest.mark.parametrize("kind,chained", [("async", True), ("softsync", True),
+                                           ("hardsync", False), ("ssp", False)])
+def test_steps_with_nothing_between_them_go_on_without_resuming_the_learners(
+        monkeypatch, kind, chained):
+    # Both directions fair and no pull gate: a step's event hands the gradient to the
+    # protocol and pulls again itself (Simulation._chained), so a learner's process resumes
+    # once, to start; hardsync and SSP gate the pulls, so theirs resume every step. Both
+    # give the traces of the learner timing each part (the grid test above); this checks
+    # which path ran.
+    resumes = []
+    resume = simpy.events.Process._resume
+
+    def counted(self, event):
+        resumes.append(self)
+        return resume(self, event)
+
+    monkeypatch.setattr(simpy.events.Process, "_resume", counted)
+    link = {"bytes": 100, "latency": {"dist": "exponential", "mean": 0.1}}
+    proto = {"kind": kind} | {"softsync": {"n": 2}, "ssp": {"s": 1}}.get(kind, {})
+    trace = simulate(load_scenario({
+        "seed": 0, "protocol": proto, "run": {"gradients": 200, "trace_only": True},
+        "cluster": {"learners": 3, "compute": {"dist": "exponential", "mean": 1.0},
+                    "network": {"pull": link, "push": link,
+                                "ps_egress": {"bandwidth": 150.0, "sharing": "fair"},
+                                "ps_ingress": {"bandwidth": 150.0, "sharing": "fair"}}}}))
+    assert trace.num_gradients >= 200
+    if chained:
+        assert len(resumes) == 3  # each learner's process, started
+    else:
+        assert len(resumes) >= 200
+
+
 def _as_timeout(env, delay):
     return simpy.Environment.timeout(env, delay)
 

@@ -274,6 +274,10 @@ class Simulation:
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
+        if go_on is not None and gate is None and ps is None:
+            # Nothing to wait for between steps: each step's event goes on to the next
+            # without resuming this process (_chained; the same traces, to the bit).
+            yield from self._chained(learner, arrive, pull_out)
         while True:
             read = -1  # not pulled yet
             try:
@@ -328,6 +332,48 @@ class Simulation:
                 continue
             arrive(self, (learner, batch, read, t_pull, t_push, env._now))
             batch += 1
+
+    def _chained(self, learner: int, arrive, pull_out):
+        """:meth:`learner_loop` when a step is one event (both PS directions fair) and
+        nothing is waited for between steps (no pull gate, no PS service time): the
+        event's callback hands the gradient to the protocol and pulls again, in the turn
+        where the process would have resumed to do the same, so the traces are the loop's
+        to the bit (tests/test_links.py). The process itself waits on an event that never
+        fires, only to be interrupted when its learner goes down (cluster.availability):
+        then, as in the loop, the step under way is lost, and the learner pulls afresh once
+        it is up. Why: resuming a process (a generator, through SimPy) for every step was
+        2-3% of a run with fair links (benchmarks/bench_links.py)."""
+        env = self.env
+        track = self.track_reads
+        batch = 0
+        read = -1
+        t_pull = math.nan
+        ev = None
+
+        def begin() -> None:
+            nonlocal read, t_pull, ev
+            read = self.version
+            t_pull = env._now
+            if track:
+                self.read_refs[read] = self.read_refs.get(read, 0) + 1
+            ev = pull_out(t_pull)
+            ev.callbacks.append(step)
+
+        def step(done) -> None:
+            nonlocal batch
+            arrive(self, (learner, batch, read, t_pull, done.t_push, env._now))
+            batch += 1
+            begin()
+
+        idle = env.event()
+        begin()
+        while True:
+            try:
+                yield idle
+            except simpy.Interrupt:
+                ev.callbacks.remove(step)
+                yield from self._down(learner, batch, read, t_pull)
+                begin()
 
     def _down(self, learner: int, batch: int, read: int, t_pull: float):
         """Learner ``learner`` went down with ``batch`` pulled at version ``read`` (-1: none
