@@ -89,9 +89,10 @@ class Simulation:
 
     With a fair PS ingress (``cluster.network.ps_ingress``), a learner waits on one event
     from the start of its computation to the end of its push (``FairLink.sender``), or of
-    its pull (both directions fair); ``one_event_steps = False`` times each part with its
-    own event instead, as the learner would itself: the same traces, to the bit
-    (tests/test_links.py), at 1.1-1.2x the cost (benchmarks/bench_links.py).
+    its pull (both directions fair; then, with no pull gate and no PS service time, the
+    event itself starts the next step: :meth:`_chained`); ``one_event_steps = False`` times
+    each part with its own event instead, as the learner would itself: the same traces, to
+    the bit (tests/test_links.py), at about 1.3x the cost (benchmarks/bench_links.py).
 
     Args:
         scenario: a validated :class:`Scenario`.
