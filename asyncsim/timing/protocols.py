@@ -139,7 +139,12 @@ class Protocol:
         return None
 
     def on_arrival(self, sim: Simulation, grad: tuple) -> None:
-        """A gradient reached the PS; call ``sim.apply_update([...])`` when an update is due."""
+        """A gradient reached the PS; call ``sim.apply_update([...])`` when an update is due.
+
+        Called from the learner's SimPy process, or, when a step is one event and nothing
+        is waited for between steps (``Simulation._chained``), from that event's callback,
+        with ``sim.env.active_process`` None; an exception raised here then ends the run
+        at once, as itself (through a process, SimPy re-raises a copy of it later)."""
         raise NotImplementedError
 
     def on_lost(self, sim: Simulation, learner: int) -> bool:
