@@ -277,7 +277,8 @@ class Simulation:
         t_pull = math.nan
         if go_on is not None and gate is None and ps is None:
             # Nothing to wait for between steps: each step's event goes on to the next
-            # without resuming this process (_chained; the same traces, to the bit).
+            # without resuming this process (_chained; the same traces, to the bit). It
+            # never returns: the loop below is for the other ways of timing a step.
             yield from self._chained(learner, arrive, pull_out)
         while True:
             read = -1  # not pulled yet
