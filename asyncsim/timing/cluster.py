@@ -294,7 +294,7 @@ class Simulation:
                 read = self.version
                 t_pull = env._now
                 if track:
-                    self.read_refs[read] = self.read_refs.get(read, 0) + 1
+                    self.note_pull(learner, read)
                 if fair_out:  # the weights leave through the PS's shared interface, then
                     # the learner's link: one event (timing/links.py), the whole step's
                     # when the ingress is fair too (go_on computes and pushes)
@@ -357,7 +357,7 @@ class Simulation:
             read = self.version
             t_pull = env._now
             if track:
-                self.read_refs[read] = self.read_refs.get(read, 0) + 1
+                self.note_pull(learner, read)
             ev = pull_out(t_pull)
             ev.callbacks.append(step)
 
