@@ -33,7 +33,6 @@ from typing import Any
 
 from asyncsim import _checks
 from asyncsim._io import MAX_BYTES, DamagedFile, dump_toml, read_toml, regular_file
-from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
 from asyncsim.config import (
     FLOAT32_MAX,
@@ -571,7 +570,3 @@ def point_scenarios(scn: Scenario) -> list[tuple[str, dict[str, Any], Scenario]]
     return [(f"p{i:03d}", p, dataclasses.replace(apply_point(scn, p) if p else scn, sweep={},
                                                  source=scn.source))
             for i, p in enumerate(points)]
-
-
-# 0.1 names (one release of DeprecationWarning): ``validate`` is :func:`check`.
-deprecated_names(__name__, globals(), {"validate": "asyncsim.scenario:check"})
