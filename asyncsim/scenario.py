@@ -360,7 +360,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     """Cross-field checks: registries, ranges, protocol parameters against the cluster."""
     # The registries are imported here, not at the top: the models', data sets' and rules'
     # modules import JAX (~1.5 s), and a file with a misspelt key (caught by from_dict before
-    # this runs) should be reported at once (tests/test_cli.py).
+    # this runs) should be reported at once (tests/cli/test_cli.py).
     from asyncsim.numerics.data import check_batch_size, declared_train_size
     from asyncsim.timing.checks import check_cluster
     from asyncsim.timing.protocols import get_protocol_class

@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location("lint_layout",
-                                              Path(__file__).with_name("lint_layout.py"))
+                                              Path(__file__).parents[1] / "lint_layout.py")
 lint = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lint)
 

@@ -80,7 +80,7 @@ def test_version_is_the_packages_and_the_cli_prints_it(capsys):
 
     from asyncsim.cli import main
 
-    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert asyncsim.__version__ == pyproject["project"]["version"]
     with pytest.raises(SystemExit) as e:
         main(["--version"])
