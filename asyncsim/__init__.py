@@ -73,7 +73,7 @@ def __getattr__(name: str):
     if module is not None:
         value = getattr(importlib.import_module(module), name)
     elif not name.startswith("_") and importlib.util.find_spec(f"asyncsim.{name}"):
-        value = importlib.import_module(f"asyncsim.{name}")  # `asyncsim.delays.…` works too
+        value = importlib.import_module(f"asyncsim.{name}")  # `asyncsim.timing.…` works too
     else:
         raise AttributeError(f"module 'asyncsim' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function
@@ -84,7 +84,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "CoreState",

@@ -22,7 +22,6 @@ import numpy as np
 
 from asyncsim import runs
 from asyncsim._io import DamagedFile, npz_member, read_json
-from asyncsim._moved import deprecated_names
 from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers import online
@@ -40,14 +39,6 @@ from asyncsim.trace import Trace
 
 __all__ = ["TraceResult", "compare_with_source", "registries", "replay", "replay_folder",
            "run", "simulate", "trace_fixed_changes", "trace_run"]
-
-# 0.1 names whose home moved (one release of DeprecationWarning).
-deprecated_names(__name__, globals(), {
-    "trace_summary": ("asyncsim._compat:trace_summary", "Trace.summary()"),
-    "train_size": ("asyncsim._compat:train_size", "asyncsim.numerics.data.train_size("
-                   "scn.data.name, scn.data.options)"),
-    "message_bytes": "asyncsim.drivers.driver:message_bytes",
-})
 
 
 def run(scn: Scenario, **kw: Any) -> RunResult:

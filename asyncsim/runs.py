@@ -40,7 +40,6 @@ from typing import Any
 
 from asyncsim import _io
 from asyncsim._io import dump_toml
-from asyncsim._moved import deprecated_names
 from asyncsim.config import Scenario, drop_unused, to_dict
 from asyncsim.errors import ScenarioError
 from asyncsim.trace import FILES as TRACE_FILES
@@ -52,12 +51,6 @@ INPUTS = "inputs"
 # read: a run folder's sharpness along the run, a sweep folder's measured stability edges.
 SHARPNESS_CSV = "sharpness.csv"
 EDGES_CSV = "edges.csv"
-
-deprecated_names(__name__, globals(), {
-    "jsonable": "asyncsim._io:jsonable",
-    # A folder's scenario now comes with copies of the files it reads (drivers.record).
-    "write_scenario": "asyncsim.drivers.record:write_scenario",
-})
 
 
 class RunFolderError(RuntimeError):

@@ -33,7 +33,6 @@ from typing import Any
 
 from asyncsim import _checks
 from asyncsim._io import MAX_BYTES, DamagedFile, dump_toml, read_toml, regular_file
-from asyncsim._moved import deprecated_names
 from asyncsim._registry import check_options
 from asyncsim.config import (
     FLOAT32_MAX,
@@ -361,7 +360,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     """Cross-field checks: registries, ranges, protocol parameters against the cluster."""
     # The registries are imported here, not at the top: the models', data sets' and rules'
     # modules import JAX (~1.5 s), and a file with a misspelt key (caught by from_dict before
-    # this runs) should be reported at once (tests/test_cli.py).
+    # this runs) should be reported at once (tests/cli/test_cli.py).
     from asyncsim.numerics.data import check_batch_size, declared_train_size
     from asyncsim.timing.checks import check_cluster
     from asyncsim.timing.protocols import get_protocol_class
@@ -571,7 +570,3 @@ def point_scenarios(scn: Scenario) -> list[tuple[str, dict[str, Any], Scenario]]
     return [(f"p{i:03d}", p, dataclasses.replace(apply_point(scn, p) if p else scn, sweep={},
                                                  source=scn.source))
             for i, p in enumerate(points)]
-
-
-# 0.1 names (one release of DeprecationWarning): ``validate`` is :func:`check`.
-deprecated_names(__name__, globals(), {"validate": "asyncsim.scenario:check"})

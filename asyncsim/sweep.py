@@ -104,8 +104,8 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
 
     Args:
         executor: runs a list of zero-argument jobs and returns their summaries in order
-            (default: one after another here; ``asyncsim.real.ray_executor`` runs them as
-            Ray tasks). Results are identical either way.
+            (default: one after another here; ``asyncsim.drivers.real.ray_executor`` runs
+            them as Ray tasks). Results are identical either way.
         share_traces: replay one simulated trace per timing group (exact; faster).
         trace_only: timing only (for staleness studies): no gradients at all.
         vmap: for points of one trace that differ only in lr, momentum beta or weight decay:
@@ -285,7 +285,7 @@ def _vmap_job(todo, hypers, out, trace, mode):
 
 
 # Each job carries the scenarios it runs (``job.scenarios``) so that an executor that runs it
-# in another process can send the plug-ins they use along (asyncsim.real.ray_executor).
+# in another process can send the plug-ins they use along (asyncsim.drivers.real.ray_executor).
 def _job(it, folder, trace, progress):
     def job():
         return _run_point(it, folder, trace, progress=progress)

@@ -7,7 +7,7 @@ took them, so the gradients of update ``v`` are the contiguous rows
 
 Given a trace and the scenario's seed, the numerics of a run are fully determined: a
 gradient's inputs are the parameters at ``read_version`` and the mini-batch
-``(seed, learner, batch)`` (see :func:`asyncsim.data.batch_indices`).
+``(seed, learner, batch)`` (see :func:`asyncsim.numerics.data.batch_indices`).
 
 With ``cluster.availability`` a third table, ``down``, has one row per period a learner was
 down, with the gradient it lost then (pulled, never applied); its batch is recomputed when

@@ -2,7 +2,7 @@
 P1-F3 paper profile's wall time from what is measured here.
 
 One script, one table (at most ~5 minutes on one GPU; ``--tiny``: the same rows at toy size on
-the CPU in well under two minutes, tested in tests/test_bench_gpu.py):
+the CPU in well under two minutes, tested in tests/cli/test_bench_gpu.py):
 
 1. gradients/s at mu = 4 of P1's network (``cifar10-full``): one jitted call per gradient;
    one vmapped call per read version for lambda = 30 learners (``grouping = "version"``, what

@@ -5,7 +5,7 @@ preserve minima selection in asynchronous training of neural networks?" (ICLR 20
 official code is the GitHub repository ``paper-submissions/delay_stability`` at commit
 ``bdd5e631ae82b35d174cfd636af87d9dd61b4537`` (PyTorch). Nothing of it is copied here: this is
 our own numpy rendering of the loop it runs, written to test asyncsim against
-(tests/test_p2_parity.py). Every piece cites the file:line range of that commit it
+(tests/unit/test_p2_parity.py). Every piece cites the file:line range of that commit it
 transcribes (lines counted in the files as stored at that commit):
 
 * ``trainer.py:67-81`` ``Trainer._schedule_worker`` (round_robin / random / normal schedules

@@ -35,7 +35,7 @@ def _command(spec: str):
     """The function ``"module:function"`` of this package that runs a verb. Imported here,
     when the verb runs, and not at the top: the verbs' modules import JAX and pandas
     (~1.5 s), which ``asyncsim --help`` and an argument error should not pay (measured by
-    tests/test_cli.py::test_help_is_fast)."""
+    tests/cli/test_cli.py::test_help_is_fast)."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(f"asyncsim.cli.{module}"), name)
 

@@ -1,7 +1,7 @@
 """The run-folder verbs: ``trace``, ``run`` (sweeps included), ``replay`` and ``figures``.
 
 The scenario is loaded before the API is imported: a misspelt key is then reported in a
-fraction of a second, without waiting ~2 s for JAX and pandas (tests/test_cli.py), hence the
+fraction of a second, without waiting ~2 s for JAX and pandas (tests/cli/test_cli.py), hence the
 imports inside the commands.
 """
 

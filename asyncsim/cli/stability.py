@@ -2,8 +2,9 @@
 
 Without ``--measure`` it prints the closed forms of :mod:`asyncsim.stability` (raw and
 effective edge, large-τ asymptote). With ``--measure`` each (τ, momentum, β) is also measured
-by simulation on a quadratic (:func:`asyncsim.edges.find_edges`: fixed-delay timing, the
-shared update core, a vmapped grid of learning rates) and the relative error is printed.
+by simulation on a quadratic (:func:`asyncsim.stability.measured.find_edges`: fixed-delay
+timing, the shared update core, a vmapped grid of learning rates) and the relative error is
+printed.
 ``--figure PNG`` draws edge vs τ on log-log axes with the 1/τ asymptote.
 """
 

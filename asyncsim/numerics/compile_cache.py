@@ -16,7 +16,7 @@ anything compiles:
 
 A cached executable is the program XLA compiled for the same computation, backend and
 compile options (JAX's cache key), so loading it never changes a number: the same
-``param_hash`` cold, warm and with the cache off (tests/test_compile_cache.py). A folder
+``param_hash`` cold, warm and with the cache off (tests/cli/test_compile_cache.py). A folder
 that cannot be created or written is a warning and the run compiles as before; JAX reports
 an unreadable entry as a warning and compiles it again (``jax_raise_persistent_cache_errors``
 stays off). :func:`stats` (the folder, hits and misses of this process) goes into each run's

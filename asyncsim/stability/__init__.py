@@ -7,7 +7,6 @@ This package's ``__init__`` imports only numpy, so ``asyncsim stability`` prints
 without loading JAX.
 """
 
-from asyncsim._moved import deprecated_names
 from asyncsim.stability.closed_form import (
     MOMENTUM_KINDS,
     asymptote,
@@ -17,10 +16,6 @@ from asyncsim.stability.closed_form import (
     effective_edge,
     spectral_radius,
 )
-
-# 0.1's fixed tuple of rule names: the registry lists them now (``available_lr_rules``).
-deprecated_names(__name__, globals(), {
-    "LR_RULES": ("asyncsim._compat:LR_RULES", "asyncsim.numerics.lr_rules.available_lr_rules()")})
 
 
 def lr_for_delay(eta0, tau, rule: str = "stability-edge"):

@@ -253,7 +253,7 @@ def _nesterov_edge(tau: np.ndarray, beta: np.ndarray) -> np.ndarray:
     ``x(θ)`` is real where its imaginary part changes sign on a grid of
     ``_SCAN_PER_TAU·(τ+1)`` angles (and at ``θ = π``, where it is real); each sign change is
     bisected to machine precision. Checked against the spectral radius of
-    :func:`char_poly` just below and above the edge (tests/test_stability.py).
+    :func:`char_poly` just below and above the edge (tests/unit/test_stability.py).
     """
     out = np.empty(tau.shape)
     for i, (t, b) in enumerate(zip(tau, beta, strict=True)):

@@ -26,7 +26,7 @@ dominant root (its period is about ``4τ + 2`` updates, far below a quarter-run)
 the second quarter lets the faster modes decay first. Near the edge ``1 − ρ`` is only
 ``O(ε/τ)`` for ``x = (1 − ε)·edge``, so the run length grows with τ (:func:`default_steps`);
 with these lengths the measured edges match the closed forms to well under 1% for
-τ ≤ 32 and every momentum kind (``tests/test_edges.py``). With gradient noise the iterate
+τ ≤ 32 and every momentum kind (``tests/unit/test_edges.py``). With gradient noise the iterate
 settles at a noise floor instead of shrinking, so a noisy run counts as unstable only if
 ``|w|²`` more than doubles between the windows (``noise_slack``); this biases the noisy edge
 slightly upwards, and is documented where it is used.
@@ -75,7 +75,7 @@ def default_steps(tau: int, schedule: str = "round-robin") -> int:
     ``1 − ρ`` at ``x = (1 − ε)·edge`` scales like ``ε/τ`` (the critical root moves by
     ``dx/|p'(z)|`` with ``|p'(z)| = O(1)``), so the log-growth over half a run of length
     ``n`` is ``O(ε n / τ)``: ``n ∝ τ`` keeps it fixed. The constant was chosen by comparing
-    with the closed forms (``tests/test_edges.py``); random schedules get twice as long
+    with the closed forms (``tests/unit/test_edges.py``); random schedules get twice as long
     because their staleness has a heavy tail and the growth rate is itself random.
     """
     n = 2000 + 600 * (int(tau) + 1)

@@ -1,14 +1,14 @@
 """An AlexNet-style ImageNet model for P1-F4 (Zhang et al. 2016, ImageNet, lambda = 18, mu = 16).
 
-Registers ``alexnet`` with :func:`asyncsim.models.register_model` when imported. Layout as in
-Caffe's ``bvlc_alexnet`` (Krizhevsky et al. 2012): conv1 11x11/4 96 -> ReLU -> LRN -> max-pool
-3/2 -> conv2 5x5 256 pad 2 -> ReLU -> LRN -> max-pool 3/2 -> conv3 3x3 384 -> conv4 3x3 384 ->
-conv5 3x3 256 -> max-pool 3/2 -> fc6 4096 -> fc7 4096 -> fc8 classes, ReLU after every hidden
-layer. Differences, all to keep models pure and simple: no grouped convolutions (one tower,
-as in Krizhevsky's "one weird trick"), cross-channel LRN as in Caffe (size 5, alpha 1e-4,
-beta 0.75, k 1), and **no dropout** (models here are deterministic ``apply(params, x)``
-functions). Input NHWC, 227x227x3 by default (``image_size`` option; the spatial size after
-conv5's pool sets fc6's width).
+Registers ``alexnet`` with :func:`asyncsim.numerics.models.register_model` when imported.
+Layout as in Caffe's ``bvlc_alexnet`` (Krizhevsky et al. 2012): conv1 11x11/4 96 -> ReLU ->
+LRN -> max-pool 3/2 -> conv2 5x5 256 pad 2 -> ReLU -> LRN -> max-pool 3/2 -> conv3 3x3 384
+-> conv4 3x3 384 -> conv5 3x3 256 -> max-pool 3/2 -> fc6 4096 -> fc7 4096 -> fc8 classes,
+ReLU after every hidden layer. Differences, all to keep models pure and simple: no grouped
+convolutions (one tower, as in Krizhevsky's "one weird trick"), cross-channel LRN as in
+Caffe (size 5, alpha 1e-4, beta 0.75, k 1), and **no dropout** (models here are
+deterministic ``apply(params, x)`` functions). Input NHWC, 227x227x3 by default
+(``image_size`` option; the spatial size after conv5's pool sets fc6's width).
 """
 
 from __future__ import annotations

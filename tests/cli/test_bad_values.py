@@ -162,7 +162,7 @@ def test_optimizer_values_that_mean_nothing_are_refused(tmp_path, capsys, optimi
 
 def test_no_momentum_takes_any_beta_and_eps_zero_where_it_is_the_default(tiny):
     # A beta beside kind "none" is unused, not wrong: a sweep over momentum.kind keeps one
-    # beta for all its points (tests/test_engine.py's replay grid does).
+    # beta for all its points (tests/unit/test_engine.py's replay grid does).
     tiny(optimizer={"lr": 0.05, "momentum": {"kind": "none", "beta": 0.5}})
     tiny(optimizer={"lr": 0.05, "transform": {"name": "lars", "eps": 0.0}})
 

@@ -17,7 +17,7 @@ import pytest
 import asyncsim
 from asyncsim.scenario import apply_point, read_raw, resolve_raw, sweep_points
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def paper_point(name: str) -> asyncsim.Scenario:

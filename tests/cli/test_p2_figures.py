@@ -16,7 +16,7 @@ import pytest
 from asyncsim.cli import main
 from asyncsim.figures import draw_figure
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -313,7 +313,7 @@ def test_set_adds_a_sweep_grid_whose_key_has_dots():
 def test_trace_sweep_and_figure(tmp_path, capsys):
     from pathlib import Path
 
-    scn = Path(__file__).resolve().parent.parent / "scenarios" / "p1_f1_staleness.toml"
+    scn = Path(__file__).resolve().parents[2] / "scenarios" / "p1_f1_staleness.toml"
     out = tmp_path / "f1"
     assert main(["run", str(scn), "--profile", "smoke", "--out", str(out), "--quiet"]) == 0
     assert (out / "index.csv").exists()

@@ -23,7 +23,7 @@ from asyncsim.cli import main
 from asyncsim.figures import FigureWorker, draw_figure
 from asyncsim.stability.closed_form import edge
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

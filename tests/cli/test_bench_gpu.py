@@ -8,7 +8,7 @@ from pathlib import Path
 
 from asyncsim.scenario import load_scenario, point_scenarios
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bench_gpu_tiny_prints_every_row(capsys):

@@ -146,7 +146,7 @@ def test_a_file_over_the_readers_cap_is_refused_unread(source, tmp_path, capsys)
 
 @pytest.mark.parametrize("how", ["dev-zero", "folder"])
 def test_a_scenario_that_is_not_a_regular_file_is_refused(tmp_path, how):
-    # (A pipe is read, once: `asyncsim run /dev/stdin < s.toml`, tests/test_figures.py.)
+    # (A pipe is read, once: `asyncsim run /dev/stdin < s.toml`, tests/cli/test_figures.py.)
     path = tmp_path / "s.toml"
     if how == "folder":
         path.mkdir()

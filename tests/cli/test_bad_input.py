@@ -188,7 +188,7 @@ def test_the_key_reference_is_generated_from_the_config():
     from asyncsim import config
     from asyncsim.keys import key_reference
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "keys.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "keys.md").read_text()
     assert doc == key_reference(), "docs/keys.md is stale: python -m asyncsim.keys > docs/keys.md"
     for f in dataclasses.fields(config.RunConfig):
         assert f"| `run.{f.name}` |" in doc

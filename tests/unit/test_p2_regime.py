@@ -3,7 +3,7 @@ generalization gap, the official "normal" schedule, and paper profiles that swap
 or the data set without inheriting the options of the one they replace.
 
 The update loop itself is checked against a transcription of the official code in
-tests/test_p2_parity.py; the core's arithmetic in tests/test_core.py.
+tests/unit/test_p2_parity.py; the core's arithmetic in tests/unit/test_core.py.
 """
 
 from __future__ import annotations

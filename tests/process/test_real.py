@@ -47,7 +47,7 @@ from asyncsim.timing.delays import DelayModel, register_delay  # noqa: E402
 from asyncsim.trace import Trace  # noqa: E402
 
 pytestmark = pytest.mark.ray
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 

@@ -286,7 +286,7 @@ def stop(summary):
 
 @pytest.fixture(scope="module")
 def diverging(tiny):
-    """tests/test_divergence.py's case (4 async learners, lr 3.0) with learners that come
+    """tests/unit/test_divergence.py's case (4 async learners, lr 3.0) with learners that come
     and go: it diverges after a few updates while the timeline goes on."""
     return tiny(name="div", seed=3, optimizer={"lr": 3.0},
                 cluster={"learners": 4, "compute": {"dist": "exponential", "mean": 1.0},

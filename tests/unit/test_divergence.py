@@ -1,7 +1,7 @@
 """One divergence rule for every path (asyncsim.drivers.driver.Driver): a diverging run stops
 at the same update -- the same ``diverged_at``, ``updates`` and ``stop_reason`` -- alone,
 replayed (loop and scan), as a sweep point (one by one or vmapped) and on Ray
-(tests/test_real.py), and the diverged update is the last one applied."""
+(tests/process/test_real.py), and the diverged update is the last one applied."""
 
 from __future__ import annotations
 

@@ -250,74 +250,87 @@ def test_a_sweep_point_has_the_numbers_of_its_scenario_run_alone(tmp_path, capsy
         _one_line_error(capsys)
 
 
+# A run of the `asyncsim` command (asyncsim.cli.main, in a process of its own) that does
+# ``act()`` just before the Driver's checks after update ``AT`` (sys.argv[3]): a precise,
+# synchronous point of the run, the same on every machine and under any load.
+_RUN_WITH_AN_ACT_AT = """
+import json, os, signal, sys
+# Ctrl-C as at a terminal: a process started in the background by a shell inherits SIGINT
+# ignored (bash does that for `cmd &`), and then no Ctrl-C ever lands.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from asyncsim.cli import main
+from asyncsim.drivers import driver as drv
+
+AT, seen, dropped = int(sys.argv[3]), [], []
+real = drv.Driver._after
+
+def after(self, done, **kw):
+    seen.append(done)
+    if done == AT:
+        act()
+    return real(self, done, **kw)
+
+drv.Driver._after = after
+# what the interpreter drops ("Exception ignored in ...")
+sys.unraisablehook = lambda u: dropped.append(u.exc_type.__name__)
+"""
+
+_KILL_9 = _RUN_WITH_AN_ACT_AT + """
+def act():
+    os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no handler, no clean-up, no exit code
+
+main(["run", sys.argv[1], "--out", sys.argv[2], "--quiet", "--no-figure"])
+"""
+
+
 def test_resume_after_kill_9_writes_what_the_uninterrupted_run_does(tmp_path):
-    """`kill -9` of `asyncsim run` after a checkpoint, then `run --resume`: eval.csv (the
-    gradients and epochs of the evaluations after the checkpoint included) and the final
-    parameters are those of the run that was never stopped."""
-    path = _write(tmp_path / "s.toml", TINY.replace("updates = 30", "updates = 600")
+    """`kill -9` of `asyncsim run` between two checkpoints (at update 150; checkpoints every
+    100), then `run --resume`: eval.csv (the gradients and epochs of the evaluations after
+    the checkpoint included) and the final parameters are those of the run that was never
+    stopped. The run kills itself at that update, so the kill lands there on any machine."""
+    path = _write(tmp_path / "s.toml", TINY.replace("updates = 30", "updates = 300")
                   .replace("eval_every = 10", "eval_every = 50\ncheckpoint_every = 100"))
     full = tmp_path / "full"
     assert _cli("run", str(path), "--out", str(full), "--quiet", "--no-figure").returncode == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "asyncsim.cli", "run", str(path), "--out",
-                             str(out), "--quiet", "--no-figure"])
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "checkpoint.npz").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
-    if (out / "summary.json").exists():
-        pytest.skip("the run finished before it could be killed")
-    assert proc.returncode == -signal.SIGKILL
+    r = subprocess.run([sys.executable, "-c", _KILL_9, str(path), str(out), "150"],
+                       capture_output=True, text=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert (out / "checkpoint.npz").exists() and not (out / "summary.json").exists()
     assert _cli("run", "--resume", str(out), "--quiet", "--no-figure").returncode == 0
     pd.testing.assert_frame_equal(pd.read_csv(out / "eval.csv"), pd.read_csv(full / "eval.csv"),
                                   check_exact=True)
     assert _summary(out)["param_hash"] == _summary(full)["param_hash"]
 
 
-_CTRL_C_IN_THE_COLLECTOR = """
-import gc, json, signal, sys
-# Ctrl-C as at a terminal: a process started in the background by a shell inherits SIGINT
-# ignored (bash does that for `cmd &`), and then no Ctrl-C ever lands (CI ran so).
-signal.signal(signal.SIGINT, signal.default_int_handler)
-from asyncsim.cli import main
-from asyncsim.drivers import driver as drv
+_CTRL_C_WHERE_IT_IS_DROPPED = _RUN_WITH_AN_ACT_AT + """
+class Dropped:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, while the interpreter runs __del__
 
-armed, seen, dropped = [], [], []
+def act():
+    # No reference to it is left: it is freed at once, and the KeyboardInterrupt raised in
+    # its __del__ is dropped there, before the Driver's checks of this update.
+    Dropped()
+    assert dropped == ["KeyboardInterrupt"], dropped
 
-def in_the_collector(phase, info):
-    if phase == "start" and armed:
-        armed.clear()
-        signal.raise_signal(signal.SIGINT)  # Ctrl-C, while this callback runs
-
-real = drv.Driver._after
-
-def after(self, done, **kw):
-    seen.append(done)
-    if done == 12:
-        armed.append(True)
-        gc.collect()  # the KeyboardInterrupt is raised in the callback, and dropped
-        assert not armed
-    return real(self, done, **kw)
-
-drv.Driver._after = after
-# what the interpreter drops ("Exception ignored in ...")
-sys.unraisablehook = lambda u: dropped.append(u.exc_type.__name__)
-gc.callbacks.append(in_the_collector)
 rc = main(["run", sys.argv[1], "--out", sys.argv[2], "--quiet", "--no-figure"])
 print(json.dumps({"rc": rc, "dropped": dropped, "last": max(seen)}))
 """
 
 
-def test_a_ctrl_c_that_lands_in_a_gc_callback_stops_the_run_resumably(tmp_path, monkeypatch):
+def test_a_ctrl_c_that_the_interpreter_drops_stops_the_run_resumably(tmp_path, monkeypatch):
     """Ctrl-C raises KeyboardInterrupt in whatever Python code runs then; in a garbage
-    collector callback (JAX's frees XLA buffers) the interpreter prints "Exception ignored"
-    and drops it, and the run went on to exit 0. Now it stops after that update, as any
-    Ctrl-C does (status 130, a checkpoint and no summary), and resumes to the numbers of
-    the run that was never stopped. The stopped run is a process of its own, as a command
-    is."""
+    collector callback (JAX's frees XLA buffers) or a ``__del__`` the interpreter prints
+    "Exception ignored" and drops it, and the run went on to exit 0. Now it stops after that
+    update, as any Ctrl-C does (status 130, a checkpoint and no summary), and resumes to the
+    numbers of the run that was never stopped.
+
+    The Ctrl-C lands in a ``__del__``, which the interpreter drops the same way as in a gc
+    callback (both go to ``sys.unraisablehook``): reference counting runs it at once, in the
+    main thread, where a gc callback runs only when a collection does (``gc.collect()`` does
+    nothing while another thread collects). The stopped run is a process of its own, as a
+    command is."""
     from asyncsim import _process
 
     path = _write(tmp_path / "s.toml",
@@ -325,8 +338,8 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_stops_the_run_resumably(tmp_path, 
     full = tmp_path / "full"
     assert main(["run", str(path), "--out", str(full), "--quiet", "--no-figure"]) == 0
     out = tmp_path / "stopped"
-    r = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_COLLECTOR, str(path), str(out)],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", _CTRL_C_WHERE_IT_IS_DROPPED, str(path), str(out),
+                        "12"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[-1])
     assert got["dropped"] == ["KeyboardInterrupt"], got  # dropped where it landed

@@ -1,8 +1,0 @@
-"""Deprecated (asyncsim 0.2): moved to asyncsim.stability.sharpness.
-
-Kept importing, with a DeprecationWarning, for one release.
-"""
-
-from asyncsim._moved import forward
-
-forward(__name__, ("asyncsim.stability.sharpness",), globals())
