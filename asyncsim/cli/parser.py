@@ -33,15 +33,22 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Why this is long: it is the CLI's whole surface, every verb with its flags in one
-    # place, so `asyncsim --help` and this file read alike.
+    """The CLI's whole surface: the verbs in the order ``asyncsim --help`` lists them."""
     from asyncsim import __version__
 
     ap = _Parser(prog="asyncsim", description=_DESCRIPTION)
     # For bug reports; a run folder's provenance.json records the package versions in full.
     ap.add_argument("--version", action="version", version=f"asyncsim {__version__}")
     sub = ap.add_subparsers(dest="verb", required=True)
+    _add_run_verbs(sub)
+    _add_real_verbs(sub)
+    _add_replay_verb(sub)
+    _add_inspection_verbs(sub)
+    return ap
 
+
+def _add_run_verbs(sub) -> None:
+    """``trace`` and ``run``: a scenario simulated, timing only or with real gradients."""
     p = sub.add_parser("trace", help="simulate timing only and write the run folder")
     _add_scenario_args(p)
     p.set_defaults(func="commands:cmd_trace")
@@ -55,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-figure", action="store_true", help="do not draw the scenario's figure")
     p.set_defaults(func="commands:cmd_run")
 
+
+def _add_real_verbs(sub) -> None:
+    """``real``, ``calibrate`` and ``compare``: a run on Ray, and its timing set against the
+    simulator's."""
     p = sub.add_parser("real", help="a real distributed run on Ray (learner and PS actors)")
     _add_scenario_args(p, optional=True)
     p.add_argument("--address", help="join an existing Ray cluster (default: start a local one)")
@@ -74,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figure", metavar="PNG", help="draw both distributions")
     p.set_defaults(func="real:cmd_compare")
 
+
+def _add_replay_verb(sub) -> None:
+    """``replay``: a recorded trace re-executed with the update core."""
     p = sub.add_parser("replay", help="re-execute a recorded trace with the update core")
     p.add_argument("run_dir", help="the run folder whose trace to replay")
     p.add_argument("--out", help="replay folder (default: RUN_DIR/replay)")
@@ -89,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "then pick")
     p.set_defaults(func="commands:cmd_replay")
 
+
+def _add_inspection_verbs(sub) -> None:
+    """``stability``, ``timeline`` and ``figures``: closed forms, and what a run folder
+    shows, without simulating."""
     p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")
     p.add_argument("--tau", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32],
                    help="the constant delays of the table's rows")
@@ -119,4 +137,3 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=("smoke", "default", "paper"), default=None,
                    help="draw from the runs of this profile (runs/NAME-PROFILE)")
     p.set_defaults(func="commands:cmd_figures")
-    return ap
