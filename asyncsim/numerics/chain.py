@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 PyTree = Any
 
-__all__ = ["Piece", "Update", "bcast", "chain", "read_slots", "unless_all_padding",
+__all__ = ["Piece", "Update", "bcast", "chain", "no_state", "read_slots", "unless_all_padding",
            "zero_padding"]
 
 
