@@ -32,6 +32,11 @@ aggregates it (so it combines with every lr rule, momentum kind, style and optax
   network); the form follows its abstract ("penalizes stale gradients linearly to the Gap")
   and the authors' group's public implementation.
 
+Each kind is one function returning its :class:`_Kind` (``init``, ``correct``, ``after``),
+listed in ``_RULES`` with its parameters in :data:`KINDS`: adding a compensation is those
+three entries in this file; the core's chain takes it through :func:`compensated` and
+:func:`step_statistics` with no other change.
+
 A gradient of staleness 0 (``theta_read = theta_now``) is unchanged by all three (bit for
 bit), though ``dc-asgd-a`` still counts it in its statistics. The statistics are part of the
 core's state (``CoreState.comp``), one array like each parameter plus a count: checkpointed
@@ -46,7 +51,7 @@ flight).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -54,6 +59,7 @@ import jax.numpy as jnp
 
 from asyncsim._checks import is_finite
 from asyncsim.errors import ScenarioError, did_you_mean
+from asyncsim.numerics.chain import Piece, no_state, zero_padding
 
 KEY = "optimizer.compensation"
 # kind -> {parameter: (default, check)}; "lambda" is a Python keyword, so no signature.
@@ -66,7 +72,8 @@ KINDS: dict[str, dict[str, tuple[float, tuple[str, Any]]]] = {
     "gap-aware": {"gamma": (0.999, _UNIT), "eps": (1e-8, _POS)},
 }
 
-__all__ = ["KINDS", "Compensation", "compensation_spec", "make_compensation"]
+__all__ = ["KINDS", "Compensation", "compensated", "compensation_spec", "make_compensation",
+           "step_statistics"]
 
 
 class Compensation(NamedTuple):
@@ -106,38 +113,100 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
     return kind, out
 
 
-def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
-    """The pure pair of a checked ``compensation`` table (see the module docstring)."""
-    kind, p = compensation_spec(spec, key)
+class _Kind(NamedTuple):
+    """One compensation's rule: ``init(params) -> stats``; ``correct(stats, g, gap, ok) ->
+    (g~, stats)`` for one gradient ``g`` with ``gap = theta_now - theta_read`` (``ok`` False
+    on a padding slot, whose statistics must not change); ``after(stats, before, now) ->
+    stats``, the statistics after the update's step."""
+
+    init: Callable[[Any], Any]
+    correct: Callable[..., tuple[Any, Any]]
+    after: Callable[[Any, Any, Any], Any]
+
+
+def _no_stats(params):
+    return ()
+
+
+def _second_moments(params):
+    """One array like each parameter and a float32 count, all zero."""
+    return (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+
+
+def _unchanged(stats, before, now):
+    return stats
+
+
+def _dc_asgd(p: dict[str, float]) -> _Kind:
+    """DC-ASGD (Zheng et al. 2017, Sec. 3; MXNet's ``DCASGD``): ``g~ = g + lambda g g
+    (theta_now - theta_read)``, element-wise; no statistics."""
+
+    def correct(stats, g, gap, ok):
+        lam = jnp.float32(p["lambda"])
+        return jax.tree_util.tree_map(lambda x, d: x + lam * x * x * d, g, gap), stats
+
+    return _Kind(_no_stats, correct, _unchanged)
+
+
+def _dc_asgd_adaptive(p: dict[str, float]) -> _Kind:
+    """DC-ASGD-a (the same paper's adaptive variant): ``lambda_t = lambda / sqrt(ms_t +
+    eps)`` with ``ms_t = momentum ms_{t-1} + (1 - momentum) g g``, updated with each
+    gradient before it is used."""
     tm = jax.tree_util.tree_map
 
-    def init(params):
-        if kind == "dc-asgd":
-            return ()
-        return (tm(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
-
-    def one(stats, g, now, read, ok):
-        """One gradient: (its compensated value, the statistics after it)."""
-        gap = tm(lambda a, b: a - b, now, read)
-        if kind == "dc-asgd":
-            lam = jnp.float32(p["lambda"])
-            return tm(lambda x, d: x + lam * x * x * d, g, gap), stats
+    def correct(stats, g, gap, ok):
         sq, count = stats
-        if kind == "dc-asgd-a":
-            m = jnp.float32(p["momentum"])
-            sq_new = tm(lambda s, x: m * s + (1.0 - m) * x * x, sq, g)
-            lam = jnp.float32(p["lambda"])
-            eps = jnp.float32(p["eps"])
-            out = tm(lambda x, s, d: x + (lam / jnp.sqrt(s + eps)) * x * x * d, g, sq_new, gap)
-        else:  # gap-aware: C from the steps so far (none yet: every gap is 0, G = 1)
-            corr = 1.0 - jnp.power(jnp.float32(p["gamma"]), count)
-            eps = jnp.float32(p["eps"])
-            out = tm(lambda x, s, d: x / (1.0 + jnp.abs(d) / (
-                jnp.sqrt(jnp.where(count > 0, s / corr, 0.0)) + eps)), g, sq, gap)
-            return out, stats
+        m = jnp.float32(p["momentum"])
+        sq_new = tm(lambda s, x: m * s + (1.0 - m) * x * x, sq, g)
+        lam = jnp.float32(p["lambda"])
+        eps = jnp.float32(p["eps"])
+        out = tm(lambda x, s, d: x + (lam / jnp.sqrt(s + eps)) * x * x * d, g, sq_new, gap)
         # A padding slot changes nothing: its statistics stay (its gradient is dropped later).
         sq_kept = tm(lambda n, o: jnp.where(ok, n, o), sq_new, sq)
         return out, (sq_kept, jnp.where(ok, count + 1.0, count))
+
+    return _Kind(_second_moments, correct, _unchanged)
+
+
+def _gap_aware(p: dict[str, float]) -> _Kind:
+    """Gap-aware (Barkai et al. 2020): ``g~ = g / (1 + |theta_now - theta_read| / C)``, ``C
+    = sqrt(v_hat) + eps`` from the bias-corrected moving average ``v`` of the squared steps,
+    which :attr:`_Kind.after` updates once per update."""
+    tm = jax.tree_util.tree_map
+
+    def correct(stats, g, gap, ok):
+        sq, count = stats
+        # C from the steps so far (none yet: every gap is 0, G = 1)
+        corr = 1.0 - jnp.power(jnp.float32(p["gamma"]), count)
+        eps = jnp.float32(p["eps"])
+        out = tm(lambda x, s, d: x / (1.0 + jnp.abs(d) / (
+            jnp.sqrt(jnp.where(count > 0, s / corr, 0.0)) + eps)), g, sq, gap)
+        return out, stats
+
+    def after(stats, before, now):
+        sq, count = stats
+        gm = jnp.float32(p["gamma"])
+        sq = tm(lambda s, a, b: gm * s + (1.0 - gm) * (a - b) * (a - b), sq, now, before)
+        return sq, count + 1.0
+
+    return _Kind(_second_moments, correct, after)
+
+
+# kind -> its rule, from the checked parameters (KINDS lists the parameters).
+_RULES: dict[str, Callable[[dict[str, float]], _Kind]] = {
+    "dc-asgd": _dc_asgd, "dc-asgd-a": _dc_asgd_adaptive, "gap-aware": _gap_aware}
+
+
+def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
+    """The pure functions of a checked ``compensation`` table (see the module docstring):
+    the kind's rule applied gradient by gradient, in slot order."""
+    kind, p = compensation_spec(spec, key)
+    rule = _RULES[kind](p)
+    tm = jax.tree_util.tree_map
+
+    def one(stats, g, now, read, ok):
+        """One gradient: (its compensated value, the statistics after it)."""
+        return rule.correct(stats, g, tm(lambda a, b: a - b, now, read), ok)
 
     def apply(state, grads, params_now, read, valid):
         c = jax.tree_util.tree_leaves(grads)[0].shape[0]
@@ -155,12 +224,39 @@ def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
         state, out = jax.lax.scan(slot, state, (grads, read, valid))
         return out, state
 
-    def after(state, before, now):
-        if kind != "gap-aware":
-            return state
-        sq, count = state
-        gm = jnp.float32(p["gamma"])
-        sq = tm(lambda s, a, b: gm * s + (1.0 - gm) * (a - b) * (a - b), sq, now, before)
-        return sq, count + 1.0
+    return Compensation(kind, rule.init, apply, rule.after)
 
-    return Compensation(kind, init, apply, after)
+
+def compensated(comp: Compensation) -> Piece:
+    """The chain's piece of a compensation: each gradient rewritten from its read version
+    (``Update.read_params``) and the fresh weights, in slot order, before the rule weights
+    it; padding slots stay 0. Owns ``CoreState.comp``.
+
+    Raises:
+        ValueError: ``apply`` was given no ``read_params``.
+    """
+
+    def init(params):
+        return {"comp": comp.init(params)}
+
+    def update(u, state):
+        if u.read_params is None:
+            raise ValueError("optimizer.compensation needs read_params, the parameters each "
+                             "gradient was computed on")
+        grads, stats = comp.apply(state.comp, u.grads, u.params, u.read_params, u.valid)
+        if u.valid is not None:  # a padding slot's rewritten value is dropped as before
+            grads = zero_padding(grads, u.valid)
+        return u._replace(grads=grads), state._replace(comp=stats)
+
+    return Piece(init, update)
+
+
+def step_statistics(comp: Compensation) -> Piece:
+    """The chain's piece after the descent: the compensation's statistics of the step the
+    update took (:attr:`Compensation.after`; gap-aware's ``v``), from the fresh weights
+    ``Update.params`` and the new ``CoreState.params``."""
+
+    def update(u, state):
+        return u, state._replace(comp=comp.after(state.comp, u.params, state.params))
+
+    return Piece(no_state, update)

@@ -1,6 +1,7 @@
 """The learning-rate schedule of the update core: step decays at epochs and a linear
-warm-up, as a traced function of the PS version (:func:`make_schedule`). P1 decays at epochs
-(its CIFAR10 recipe), P2's official regimes divide the rate by 10 at epochs 81/122/164.
+warm-up, as a traced function of the PS version (:func:`make_schedule`), and the chain's
+piece that applies it (:func:`scheduled`). P1 decays at epochs (its CIFAR10 recipe), P2's
+official regimes divide the rate by 10 at epochs 81/122/164.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import numpy as np
 
 from asyncsim.config import OptimizerConfig
 from asyncsim.errors import ScenarioError
+from asyncsim.numerics.chain import Piece, no_state
 
-__all__ = ["make_schedule"]
+__all__ = ["make_schedule", "scheduled"]
 
 
 def make_schedule(opt: OptimizerConfig, updates_per_epoch: float | None):
@@ -60,3 +62,18 @@ def make_schedule(opt: OptimizerConfig, updates_per_epoch: float | None):
         return out
 
     return factor
+
+
+def scheduled(schedule) -> Piece:
+    """The chain's piece of a schedule (:func:`make_schedule`, not None): ``sched(step)``
+    multiplies each gradient's rate (style caffe: the rates are inside the buffer) or the
+    rate outside the buffer ``eta`` (style torch, optax transforms), where
+    ``sched(step) = decay_factor ** #{e in decay_epochs : step / updates_per_epoch >= e}``
+    times the warm-up ramp ``min((step + 1) / W, 1)``."""
+
+    def update(u, state):
+        if u.eta is not None:
+            return u._replace(eta=schedule(u.step) * u.eta), state
+        return u._replace(rates=schedule(u.step) * u.rates), state
+
+    return Piece(no_state, update)

@@ -2,7 +2,8 @@
 
 The parameter server can step any optax optimizer alias (``optax.adam``, ``optax.rmsprop``,
 ``optax.lamb``, ... -- :func:`transform_names` lists them) instead of asyncsim's SGD with
-momentum. The update core (:mod:`asyncsim.numerics.core`) then applies, at update ``t`` with
+momentum. The update core (:mod:`asyncsim.numerics.core`) then ends its chain with
+:func:`server_transform` in place of momentum and descent, and applies, at update ``t`` with
 the ``c`` gradients ``g_l`` of staleness ``tau_l``,
 
     d = (1/c) sum_l s_l (g_l + wd_p theta),   s_l = rule(1, tau_l, <tau>),
@@ -28,11 +29,13 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from asyncsim._checks import is_finite
 from asyncsim._registry import call_checked, check_options
 from asyncsim.errors import ScenarioError, did_you_mean
+from asyncsim.numerics.chain import Piece
 
 KEY = "optimizer.transform"
 # Aliases that need more than gradients to step (L-BFGS: the loss, for its line search) or
@@ -50,7 +53,7 @@ _RANGES = {"b1": _UNIT, "b2": _UNIT, "b3": _UNIT, "decay": _UNIT,
            "eps": (lambda v: v > 0, "a number > 0"),
            "eps_root": (lambda v: v >= 0, "a number >= 0")}
 
-__all__ = ["make_transform", "transform_names", "transform_spec"]
+__all__ = ["make_transform", "server_transform", "transform_names", "transform_spec"]
 
 
 @functools.cache
@@ -132,7 +135,6 @@ def make_transform(spec: Mapping[str, Any], key: str = KEY):
 
 @functools.cache
 def _built(name: str, kwargs: tuple[tuple[str, Any], ...], key: str):
-    import jax
     import optax
 
     fn = _aliases()[name]
@@ -157,3 +159,23 @@ def with_learning_rate(opt_state, eta):
     hp = dict(opt_state.hyperparams)
     hp["learning_rate"] = jnp.asarray(eta, hp["learning_rate"].dtype)
     return opt_state._replace(hyperparams=hp)
+
+
+def server_transform(tx) -> Piece:
+    """The chain's last step under ``optimizer.transform``: ``updates, opt_state =
+    tx.update(d, opt_state, theta)`` at the rate ``eta = Update.eta`` (``lr x schedule``), then
+    ``theta <- theta + updates`` in each parameter's dtype; ``d = Update.direction``, the
+    softsync aggregate of the rule-weighted gradients. Owns ``CoreState.opt_state``."""
+    import jax
+
+    def init(params):
+        return {"opt_state": tx.init(params)}
+
+    def update(u, state):
+        updates, opt_state = tx.update(u.direction, with_learning_rate(state.opt_state, u.eta),
+                                       u.params)
+        new = jax.tree_util.tree_map(lambda p, d: (p + d).astype(jnp.result_type(p)),
+                                     u.params, updates)
+        return u, state._replace(params=new, opt_state=opt_state)
+
+    return Piece(init, update)
