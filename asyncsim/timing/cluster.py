@@ -237,33 +237,50 @@ class Simulation:
 
         A step's parts, each timed here with its own event: the protocol's pull gate
         (:meth:`Protocol.may_pull`), the PS serving the pull (``cluster.ps_service``), the
-        weights' way out (:meth:`_weights_out`), the computation and the gradient's way in
-        (:meth:`_gradient_in`), the PS serving the push; then the protocol takes the
-        gradient (:meth:`Protocol.on_arrival`). Going down (``cluster.availability``
-        interrupts this process) loses the step under way (:meth:`_down`)."""
+        weights' way out (the PS's shared egress, then the learner's pull link: store and
+        forward), the computation, the gradient's way in (the learner's push link, then the
+        PS's shared ingress), the PS serving the push; then the protocol takes the gradient
+        (:meth:`Protocol.on_arrival`). A link's time is drawn when the message reaches it.
+        Going down (``cluster.availability`` interrupts this process) loses the step under
+        way (:meth:`_down`)."""
         env = self.env
+        timeout = env.timeout
         proto = self.proto
-        gate = proto.may_pull
+        # Protocols without a pull gate (async, softsync) skip the call on the hot path.
+        gate = proto.may_pull if type(proto).may_pull is not Protocol.may_pull else None
         arrive = proto.on_arrival
-        weights_out = self._weights_out(learner)
-        gradient_in = self._gradient_in(learner, compute or self.compute[learner])
+        comp = (compute or self.compute[learner]).next
+        pull, push = self.pull[learner], self.push[learner]
+        egress, ingress = self.egress, self.ingress
+        pull_bytes, push_bytes = self.pull_bytes, self.push_bytes
         serve = self._serve if self.ps is not None else None
+        track = self.track_reads
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
         while True:
             read = -1  # not pulled yet
             try:
-                ev = gate(self, learner, batch)
-                if ev is not None:
-                    yield ev
+                if gate is not None:
+                    ev = gate(self, learner, batch)
+                    if ev is not None:
+                        yield ev
                 if serve is not None:
                     yield from serve()
                 read = self.version
                 t_pull = env.now
-                self.note_pull(learner, read)
-                yield from weights_out(t_pull)
-                t_push = yield from gradient_in()
+                if track:
+                    self.note_pull(learner, read)
+                if egress is not None:
+                    yield egress.transfer(pull_bytes)
+                if pull is not _Zero:
+                    yield timeout(pull.next(t_pull))
+                yield timeout(comp(env.now))
+                t_push = env.now
+                if push is not _Zero:
+                    yield timeout(push.next(t_push))
+                if ingress is not None:
+                    yield ingress.transfer(push_bytes)
                 if serve is not None:
                     yield from serve()
             except simpy.Interrupt:
@@ -273,41 +290,6 @@ class Simulation:
                 continue
             arrive(self, (learner, batch, read, t_pull, t_push, env.now))
             batch += 1
-
-    def _weights_out(self, learner: int):
-        """``way(t_pull)``: the weights' way from the PS to ``learner``, pulled at
-        ``t_pull``: the PS's shared egress if there is one, then the learner's pull link
-        (store and forward; the link's time drawn when the weights reach it)."""
-        egress, nbytes, link = self.egress, self.pull_bytes, self.pull[learner]
-        timeout = self.env.timeout
-
-        def way(t_pull: float):
-            if egress is not None:
-                yield egress.transfer(nbytes)
-            if link is not _Zero:
-                yield timeout(link.next(t_pull))
-
-        return way
-
-    def _gradient_in(self, learner: int, compute: delays.DelayStream):
-        """``way()``: the computation of ``learner``'s gradient, then its way to the PS:
-        the learner's push link, then the PS's shared ingress if there is one. Returns
-        ``t_push``, when the computation ended."""
-        env = self.env
-        ingress, nbytes, link = self.ingress, self.push_bytes, self.push[learner]
-        timeout = env.timeout
-        comp = compute.next
-
-        def way():
-            yield timeout(comp(env.now))
-            t_push = env.now
-            if link is not _Zero:
-                yield timeout(link.next(t_push))
-            if ingress is not None:
-                yield ingress.transfer(nbytes)
-            return t_push
-
-        return way
 
     def _serve(self):
         """The PS serving one message (``cluster.ps_service``): one at a time, in order."""
