@@ -232,7 +232,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     rows = [{"name": name, "scenario": scn, "trace_hash": trace_hash(scn)}
             for name, scn in catalogue().items()]
-    a.out.write_text(json.dumps(rows, indent=1) + "\n")
+    # One entry a line: a changed hash is a one-line diff.
+    a.out.write_text("[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n")
     print(f"{len(rows)} traces -> {a.out}")
 
 
