@@ -10,13 +10,11 @@ transfers take time at all); the same with the PS's shared ingress and egress of
 and the sharing code does real work), FIFO and fair (processor sharing); and learners that
 come and go (``cluster.availability``: exponential up periods of mean 50 and down periods of
 mean 10 compute times, so a sixth of the time is down and gradients are lost), alone and with
-each shared interface; fair sharing at 10x that bandwidth (the interface a tenth
-loaded: fewer transfers overlap); and fair sharing with availability, the learner timing
-each part of its step with its own event (``Simulation.one_event_steps = False``: the
-same traces, the cost the one-event step saves). Reports gradients per CPU second of this
-process (its CPU time, not the wall clock: other work on the machine then moves the ratios
-less; the best run of each row) and each row's ratio to the timed private links, taken
-per pair of runs side by side (the median and the range over the repeats).
+each shared interface; and fair sharing at 10x that bandwidth (the interface a tenth
+loaded: fewer transfers overlap), alone and with availability. Reports gradients per CPU
+second of this process (its CPU time, not the wall clock: other work on the machine then
+moves the ratios less; the best run of each row) and each row's ratio to the timed private
+links, taken per pair of runs side by side (the median and the range over the repeats).
 
     python benchmarks/bench_links.py [--gradients 200000] [--repeat 5]
 """
@@ -33,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from asyncsim.api import simulate  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
-from asyncsim.timing.cluster import Simulation  # noqa: E402
 
 BYTES = 358_312
 
@@ -69,20 +66,14 @@ def main(argv=None) -> dict[str, float]:
             "+ avail., fifo": ("fifo", 1e8, True, 1.0),
             "+ avail., fair": ("fair", 1e8, True, 1.0),
             "+ fair, 10x bw": ("fair", 1e8, False, 10.0),
-            "+ avail., fair, 10x bw": ("fair", 1e8, True, 10.0),
-            # the learner timing each part of its step itself (the same traces)
-            "+ avail., fair, parts": ("fair", 1e8, True, 1.0)}
+            "+ avail., fair, 10x bw": ("fair", 1e8, True, 10.0)}
 
     def timed(name: str) -> float:
         sharing, private, churn, headroom = rows[name]
         scn = scenario(sharing, a.gradients, private=private, churn=churn, headroom=headroom)
-        Simulation.one_event_steps = not name.endswith("parts")
-        try:
-            t0 = time.process_time()
-            simulate(scn)
-            return time.process_time() - t0
-        finally:
-            Simulation.one_event_steps = True
+        t0 = time.process_time()
+        simulate(scn)
+        return time.process_time() - t0
 
     base = "private links"
     best: dict[str, float] = {}

@@ -16,7 +16,7 @@ Tie-break: events at the same simulated instant run in SimPy's (time, priority, 
 order. Learners start in id order at t = 0, so two gradients that arrive at the same instant
 are taken by the PS in the order their final timeouts were scheduled, which for equal
 durations is the order in which their learners started that step (ties at t = 0: lower id
-first). ``tests/test_cluster.py`` asserts an exact log of this.
+first). ``tests/unit/test_cluster.py`` asserts an exact log of this.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import simpy
 from asyncsim.config import Scenario
 from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
-from asyncsim.timing.links import Environment, SharedLink
+from asyncsim.timing.links import SharedLink
 from asyncsim.timing.protocols import Protocol, get_protocol_class, timing_revision
 from asyncsim.trace import DOWN_COLUMNS, GRAD_COLUMNS, UPDATE_COLUMNS, Trace
 
@@ -85,14 +85,9 @@ class _Link:
 
 
 class Simulation:
-    """One run of the timing layer.
-
-    With a fair PS ingress (``cluster.network.ps_ingress``), a learner waits on one event
-    from the start of its computation to the end of its push (``FairLink.sender``), or of
-    its pull (both directions fair; then, with no pull gate and no PS service time, the
-    event itself starts the next step: :meth:`_chained`); ``one_event_steps = False`` times
-    each part with its own event instead, as the learner would itself: the same traces, to
-    the bit (tests/test_links.py), at about 1.3x the cost (benchmarks/bench_links.py).
+    """One run of the timing layer: the learners' processes (:meth:`learner_loop`), the
+    links, the PS and the protocol on one ``simpy.Environment``; :meth:`run` returns the
+    :class:`Trace`.
 
     Args:
         scenario: a validated :class:`Scenario`.
@@ -105,13 +100,11 @@ class Simulation:
             so a driver can free parameter versions nobody will read again.
     """
 
-    one_event_steps = True
-
     def __init__(self, scenario: Scenario, *, msg_bytes: int | None = None,
                  on_update: OnUpdate | None = None, track_reads: bool = False):
         self.scenario = scenario
         self.seed = scenario.timing_seed
-        self.env = Environment()
+        self.env = simpy.Environment()
         c = scenario.cluster
         self.learners = c.learners
         self.proto: Protocol = get_protocol_class(scenario.protocol.kind)(
@@ -240,46 +233,31 @@ class Simulation:
             self.read_refs[version] = self.read_refs.get(version, 0) + 1
 
     def learner_loop(self, learner: int, compute: delays.DelayStream | None = None):
-        """The SimPy process of one learner: pull, compute, push, forever."""
-        # Why this is long: it is the hot loop of every run (a trace-only run is little
-        # else), so each way of timing a step (pull gate, PS service, FIFO or fair links,
-        # a step as one event) is a branch here, set up once, not a generator or a call
-        # per event.
+        """The SimPy process of one learner: pull, compute, push, forever.
+
+        A step's parts, each timed here with its own event: the protocol's pull gate
+        (:meth:`Protocol.may_pull`), the PS serving the pull (``cluster.ps_service``), the
+        weights' way out (the PS's shared egress, then the learner's pull link: store and
+        forward), the computation, the gradient's way in (the learner's push link, then the
+        PS's shared ingress), the PS serving the push; then the protocol takes the gradient
+        (:meth:`Protocol.on_arrival`). A link's time is drawn when the message reaches it.
+        Going down (``cluster.availability`` interrupts this process) loses the step under
+        way (:meth:`_down`)."""
         env = self.env
+        timeout = env.timeout
         proto = self.proto
         # Protocols without a pull gate (async, softsync) skip the call on the hot path.
         gate = proto.may_pull if type(proto).may_pull is not Protocol.may_pull else None
         arrive = proto.on_arrival
-        timeout = env.timeout
         comp = (compute or self.compute[learner]).next
-        pull = self.pull[learner]
-        push = self.push[learner]
-        ps = self.ps
-        track = self.track_reads
+        pull, push = self.pull[learner], self.push[learner]
         egress, ingress = self.egress, self.ingress
-        # A fair interface takes the learner's link with the transfer, and the computation
-        # before a push (fewer events: it is the costly discipline; with both directions
-        # fair, a step is one event, see go_on); FIFO's transfer is one timeout, the links
-        # and the computation timed as without.
-        fair_out = egress is not None and egress.sharing == "fair"
-        fair_in = ingress is not None and ingress.sharing == "fair"
-        one_event = fair_in and self.one_event_steps
-        then_pull = None if pull is _Zero else pull
-        then_push = None if push is _Zero else push
         pull_bytes, push_bytes = self.pull_bytes, self.push_bytes
-        send = ingress.sender(then_push, push_bytes, comp) if one_event else None
-        # The weights are in: compute and push, carrying the pull's event on (in the turn
-        # the learner would have resumed; nothing if it went down meanwhile).
-        go_on = send if fair_out and one_event else None
-        pull_out = egress.puller(then_pull, pull_bytes, go_on) if fair_out else None
+        serve = self._serve if self.ps is not None else None
+        track = self.track_reads
         self._procs[learner] = env.active_process  # cluster.availability interrupts it
         batch = 0
         t_pull = math.nan
-        if go_on is not None and gate is None and ps is None:
-            # Nothing to wait for between steps: each step's event goes on to the next
-            # without resuming this process (_chained; the same traces, to the bit). It
-            # never returns: the loop below is for the other ways of timing a step.
-            yield from self._chained(learner, arrive, pull_out)
         while True:
             read = -1  # not pulled yet
             try:
@@ -287,95 +265,37 @@ class Simulation:
                     ev = gate(self, learner, batch)
                     if ev is not None:
                         yield ev
-                if ps is not None:
-                    with ps.request() as req:
-                        yield req
-                        yield timeout(self.service.next(env._now))
+                if serve is not None:
+                    yield from serve()
                 read = self.version
-                t_pull = env._now
+                t_pull = env.now
                 if track:
                     self.note_pull(learner, read)
-                if fair_out:  # the weights leave through the PS's shared interface, then
-                    # the learner's link: one event (timing/links.py), the whole step's
-                    # when the ingress is fair too (go_on computes and pushes)
-                    ev = pull_out(t_pull)
-                    yield ev
-                else:
-                    if egress is not None:
-                        yield egress.transfer(pull_bytes)
-                    if pull is not _Zero:
-                        yield timeout(pull.next(t_pull))
-                if go_on is not None:
-                    t_push = ev.t_push
-                elif one_event:  # computed, the gradient crosses the learner's link, then
-                    # the PS's shared interface: one event (timing/links.py)
-                    ev = send()
-                    yield ev
-                    t_push = ev.t_push
-                else:
-                    yield timeout(comp(env._now))
-                    t_push = env._now
-                    if fair_in:
-                        yield ingress.transfer(push_bytes, before=None if then_push is None
-                                               else push.next(t_push))
-                    else:
-                        if push is not _Zero:
-                            yield timeout(push.next(t_push))
-                        if ingress is not None:
-                            yield ingress.transfer(push_bytes)
-                if ps is not None:
-                    with ps.request() as req:
-                        yield req
-                        yield timeout(self.service.next(env._now))
+                if egress is not None:
+                    yield egress.transfer(pull_bytes)
+                if pull is not _Zero:
+                    yield timeout(pull.next(t_pull))
+                yield timeout(comp(env.now))
+                t_push = env.now
+                if push is not _Zero:
+                    yield timeout(push.next(t_push))
+                if ingress is not None:
+                    yield ingress.transfer(push_bytes)
+                if serve is not None:
+                    yield from serve()
             except simpy.Interrupt:
-                # Down (cluster.availability): the gradient under way is lost; back up, the
-                # learner pulls afresh and computes the same batch again.
+                # Down: the gradient under way is lost; back up, the learner pulls afresh
+                # and computes the same batch again.
                 yield from self._down(learner, batch, read, t_pull)
                 continue
-            arrive(self, (learner, batch, read, t_pull, t_push, env._now))
+            arrive(self, (learner, batch, read, t_pull, t_push, env.now))
             batch += 1
 
-    def _chained(self, learner: int, arrive, pull_out):
-        """:meth:`learner_loop` when a step is one event (both PS directions fair) and
-        nothing is waited for between steps (no pull gate, no PS service time): the
-        event's callback hands the gradient to the protocol and pulls again, in the turn
-        where the process would have resumed to do the same, so the traces are the loop's
-        to the bit (tests/test_links.py). The process itself waits on an event that never
-        fires, only to be interrupted when its learner goes down (cluster.availability):
-        then, as in the loop, the step under way is lost, and the learner pulls afresh once
-        it is up. Why: resuming a process (a generator, through SimPy) for every step was
-        2-3% of a run with fair links (benchmarks/bench_links.py)."""
-        env = self.env
-        track = self.track_reads
-        batch = 0
-        read = -1
-        t_pull = math.nan
-        ev = None
-
-        def begin() -> None:
-            nonlocal read, t_pull, ev
-            read = self.version
-            t_pull = env._now
-            if track:
-                self.note_pull(learner, read)
-            ev = pull_out(t_pull)
-            ev.callbacks.append(step)
-
-        def step(done) -> None:
-            nonlocal batch
-            arrive(self, (learner, batch, read, t_pull, done.t_push, env._now))
-            batch += 1
-            begin()
-
-        idle = env.event()
-        begin()
-        while True:
-            try:
-                yield idle
-            except simpy.Interrupt:
-                ev.callbacks.remove(step)
-                yield from self._down(learner, batch, read, t_pull)
-                begin()
+    def _serve(self):
+        """The PS serving one message (``cluster.ps_service``): one at a time, in order."""
+        with self.ps.request() as req:
+            yield req
+            yield self.env.timeout(self.service.next(self.env.now))
 
     def _down(self, learner: int, batch: int, read: int, t_pull: float):
         """Learner ``learner`` went down with ``batch`` pulled at version ``read`` (-1: none
@@ -414,7 +334,7 @@ class Simulation:
         env = self.env
         up, down = self.avail[learner]
         while True:
-            yield env.rare_timeout(up.next(env.now))
+            yield env.timeout(up.next(env.now))
             proc = self._procs[learner]
             if proc is None:
                 raise ScenarioError("cluster.availability", f"protocol "
@@ -423,7 +343,7 @@ class Simulation:
             # The learner's process records the period (it knows what it loses); an
             # interruption is urgent, so that happens before this process goes on.
             proc.interrupt("down")
-            yield env.rare_timeout(down.next(env.now))
+            yield env.timeout(down.next(env.now))
             self._dcols[2][self._open[learner]] = env.now
             back, self._back[learner] = self._back[learner], None
             back.succeed()

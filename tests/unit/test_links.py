@@ -1,10 +1,9 @@
 """The PS's shared network interface (cluster.network.ps_ingress / ps_egress,
 asyncsim.timing.links): hand-worked transfers, saturation at bandwidth / bytes, and
-determinism."""
+determinism. Grids where the links' events meet other events at one instant, under churn
+too, are in the golden trace table (tests/unit/test_golden_traces.py)."""
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import pytest
@@ -13,13 +12,12 @@ import simpy
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_scenario
-from asyncsim.timing.cluster import Simulation
-from asyncsim.timing.links import Environment, FairLink, SharedLink
+from asyncsim.timing.links import SharedLink
 
 
 def finish_times(sharing: str, starts: list[tuple[float, float]], bandwidth: float = 1.0):
     """When each transfer (start time, bytes) ends, and the order the events fired."""
-    env = Environment()
+    env = simpy.Environment()
     link = SharedLink(env, bandwidth, sharing)
     ends: dict[int, float] = {}
     order: list[int] = []
@@ -161,7 +159,7 @@ def test_fair_sharing_of_transfers_of_different_sizes_is_exact():
 def test_fair_sharing_ends_at_large_simulated_times():
     # At t ~ 1e4 the rounding of the time moves the virtual clock by more than a byte
     # tolerance: the transfer that a wake-up was set for must end then, not wait forever.
-    env = Environment(initial_time=8000.0)
+    env = simpy.Environment(initial_time=8000.0)
     link = SharedLink(env, 1.25e9, "fair")
     done = []
 
@@ -224,16 +222,18 @@ def test_a_message_crosses_the_learners_link_and_the_interface_in_order():
     # 1 B at 0: its own link first (0.5 s), then the interface. B is alone until 0.5 (0.5 B
     # left), then both move at 0.5 B/s: B leaves the interface at 1.5 and reaches its
     # learner at 1.75; A has 0.5 B left at 1.5, alone: 2.0.
-    env = Environment()
+    env = simpy.Environment()
     link = SharedLink(env, 1.0, "fair")
     ends = {}
 
     def pull():
-        yield link.transfer(1.0, _Const(0.25), 0.0)
+        yield link.transfer(1.0)
+        yield env.timeout(0.25)
         ends["B"] = env.now
 
     def push():
-        yield link.transfer(1.0, before=0.5)
+        yield env.timeout(0.5)
+        yield link.transfer(1.0)
         ends["A"] = env.now
 
     env.process(pull())
@@ -242,47 +242,44 @@ def test_a_message_crosses_the_learners_link_and_the_interface_in_order():
     assert ends == pytest.approx({"B": 1.75, "A": 2.0})
 
 
-def test_a_step_as_one_event_by_hand():
-    # A learner's pull, 1 B over a 1 B/s fair egress then its own link (0.25 s), carried on
-    # by its sender (go_on): compute 1 s, its push link 0.5 s, then 1 B over a 1 B/s fair
-    # ingress. Alone throughout: out of the egress at 1.0, weights in at 1.25, computed at
-    # 2.25 (t_push), off its link at 2.75, in at 3.75 -- one event. Zero bytes skip the
-    # interface: a pull is its link alone (0.25), a push its computation alone (1.0).
-    env = Environment()
-    egress, ingress = SharedLink(env, 1.0, "fair"), SharedLink(env, 1.0, "fair")
-    send = ingress.sender(_Const(0.5), 1.0, lambda now: 1.0)
-    pull = egress.puller(_Const(0.25), 1.0, go_on=send)
-    out = {}
+def test_a_step_through_both_fair_interfaces_by_hand():
+    # One learner: its pull, 1 B over a 1 B/s fair egress then its own link (0.25 s);
+    # compute 1 s; its push link 0.5 s, then 1 B over a 1 B/s fair ingress. Alone
+    # throughout: out of the egress at 1.0, weights in at 1.25, computed at 2.25 (t_push),
+    # off its link at 2.75, in at 3.75; the next step pulls then.
+    def lat(value):
+        return {"bytes": 1, "latency": {"dist": "constant", "value": value}}
 
-    def learner():
-        ev = pull(0.0)
-        yield ev
-        out["step"] = (env.now, ev.t_push)
-
-    def zero_bytes():
-        yield egress.puller(_Const(0.25), 0)(0.0)
-        out["pull"] = env.now
-        ev = ingress.sender(None, 0, lambda now: 1.0)()
-        yield ev
-        out["push"] = (env.now, ev.t_push)
-
-    env.process(learner())
-    env.process(zero_bytes())
+    t = simulate(load_scenario({"cluster": {
+        "learners": 1, "compute": {"dist": "constant", "value": 1.0},
+        "network": {"pull": lat(0.25), "push": lat(0.5),
+                    "ps_egress": {"bandwidth": 1.0, "sharing": "fair"},
+                    "ps_ingress": {"bandwidth": 1.0, "sharing": "fair"}}},
+        "run": {"gradients": 2, "trace_only": True}}))
+    g = t.grads
+    assert g["t_pull"].tolist() == [0.0, 3.75]
+    assert g["t_push"].tolist() == [2.25, 6.0]
+    assert g["t_arrive"].tolist() == [3.75, 7.5]
+    # Zero bytes cross at once.
+    env = simpy.Environment()
+    ev = SharedLink(env, 1.0, "fair").transfer(0)
     env.run()
-    assert out == {"step": (3.75, 2.25), "pull": 0.25, "push": (1.25, 1.25)}
+    assert ev.processed and env.now == 0.0
 
 
 def _one_goes_down(down_at: float, before: float | None):
     """Two 1 B transfers over a 1 B/s fair link from t = 0; the first's learner goes down at
     ``down_at`` (its process interrupted). Returns the second's end and whether the first
     was still crossing when the second ended."""
-    env = Environment()
+    env = simpy.Environment()
     link = SharedLink(env, 1.0, "fair")
     out = {}
 
     def first():
         try:
-            yield link.transfer(1.0, before=before)
+            if before is not None:
+                yield env.timeout(before)  # the learner's own link
+            yield link.transfer(1.0)
             out["first"] = env.now
         except simpy.Interrupt:
             pass
@@ -320,79 +317,34 @@ def test_a_learner_down_on_its_own_link_sends_nothing_one_down_while_crossing_ke
     assert out == {"second": pytest.approx(1.5), "crossing": 1}
 
 
-def test_wake_ups_take_their_turn_among_the_events_as_timeouts_would():
-    # The environment's second queue (the links' wake-ups) and its events interleave by
-    # (time, order of scheduling), as if every wake-up were a timeout.
-    env = Environment()
+def test_a_transfer_ends_in_its_turn_among_the_events_of_its_instant():
+    # A fair link's wake-up is a timeout, set when the transfer starts; the transfer's event
+    # then succeeds in the wake-up's turn (and is processed after the events already due at
+    # that instant). 1 B at 1 B/s from 0: ends at 1.0, between a timeout to 1.0 set before
+    # the transfer started and one set after it, and its event comes after both.
+    env = simpy.Environment()
+    link = SharedLink(env, 1.0, "fair")
     order = []
 
     def mark(name):
         return lambda _: order.append((name, env.now))
 
-    env.timeout(1.0).callbacks.append(mark("timeout 1"))
-    env.call_at(1.0, lambda arg: order.append((arg, env.now)), "call 1")
-    env.timeout(1.0).callbacks.append(mark("timeout 2"))
-    env.call_at(0.5, lambda arg: order.append((arg, env.now)), "call 0")
-    assert env.peek() == 0.5
+    env.timeout(1.0).callbacks.append(mark("timeout before"))
+    ev = link.transfer(1.0)
+    ev.callbacks.append(mark("transfer"))
+    env.timeout(1.0).callbacks.append(mark("timeout after"))
+    env.timeout(0.5).callbacks.append(mark("timeout 0.5"))
     env.run()
-    assert order == [("call 0", 0.5), ("timeout 1", 1.0), ("call 1", 1.0), ("timeout 2", 1.0)]
+    assert order == [("timeout 0.5", 0.5), ("timeout before", 1.0), ("timeout after", 1.0),
+                     ("transfer", 1.0)]
 
 
-@pytest.mark.parametrize("until", ["none", "event", "processed", "time", "never"])
-def test_the_environment_runs_as_simpy_does(until):
-    # Environment.run steps in a loop of its own: the same log, return value, end time and
-    # error as simpy.Environment.run, for each kind of ``until``; a failed event that
-    # nobody defused raises out of run in both.
-    def script(env):
-        log = []
-
-        def proc(name, delays, fail=False):
-            for d in delays:
-                yield env.timeout(d)
-                log.append((name, env.now))
-            if fail:
-                raise KeyError(name)
-            return name
-
-        a = env.process(proc("a", [1.0, 0.5, 2.0]))
-        env.process(proc("b", [0.5, 0.5, 0.5, 3.0]))
-        stop = env.event()
-        if until == "never":
-            arg = stop
-        elif until == "event":
-            arg = a
-        elif until == "processed":
-            env.run(until=a)
-            arg = a
-        elif until == "time":
-            arg = 2.25
-        else:
-            arg = None
-        try:
-            value = env.run(until=arg)
-        except RuntimeError as e:
-            value = ("RuntimeError", str(e).split(":")[0])
-        log.append(("end", env.now, value))
-        env.process(proc("c", [0.25], fail=True))
-        with pytest.raises(KeyError, match="c"):
-            env.run()
-        return log
-
-    ours = script(Environment())
-    assert ours == script(simpy.Environment())
-    # By hand: a logs at 1, 1.5, 3.5 and returns "a"; b at 0.5, 1, 1.5, 4.5; c fails at +0.25.
-    end = {"none": (4.5, None), "event": (3.5, "a"), "processed": (3.5, "a"),
-           "time": (2.25, None),
-           "never": (4.5, ("RuntimeError", 'No scheduled events left but "until" event was '
-                           "not triggered"))}[until]
-    assert [e for e in ours if e[0] == "end"] == [("end", *end)]
-    assert ours[-1] == ("c", end[0] + 0.25)
-
-
-def test_fair_sharing_needs_the_environment_with_the_wake_up_queue():
-    with pytest.raises(TypeError, match="Environment"):
-        SharedLink(simpy.Environment(), 1.0, "fair")
-    assert SharedLink(simpy.Environment(), 1.0, "fifo").sharing == "fifo"
+def test_shared_links_run_on_simpys_environment():
+    env = simpy.Environment()
+    assert SharedLink(env, 1.0, "fair").sharing == "fair"
+    assert SharedLink(env, 1.0, "fifo").sharing == "fifo"
+    with pytest.raises(ValueError, match="sharing"):
+        SharedLink(env, 1.0, "lifo")
 
 
 class _Counted(_Const):
@@ -411,14 +363,15 @@ def test_a_learner_down_as_its_pull_leaves_the_interface_draws_no_link_time(down
     # down (an interruption, which SimPy runs before the other events of that instant). As
     # if the learner timed its own link after the interface, its link is then not drawn:
     # a draw here would shift every later pull time of that learner.
-    env = Environment()
+    env = simpy.Environment()
     link = SharedLink(env, 1.0, "fair")
     leg = _Counted(0.25)
     ends = []
 
-    def learner():
+    def learner():  # as Simulation.learner_loop times a pull
         try:
-            yield link.transfer(1.0, leg, 0.0)
+            yield link.transfer(1.0)
+            yield env.timeout(leg.next(0.0))
             ends.append(env.now)
         except simpy.Interrupt:
             pass
@@ -433,177 +386,3 @@ def test_a_learner_down_as_its_pull_leaves_the_interface_draws_no_link_time(down
     env.process(goes_down())
     env.run()
     assert (leg.draws, ends) == ((0, []) if down else (1, [1.25]))
-
-
-def _tie_grid():
-    """Tie-heavy clusters: constant compute (in half of them every other learner 1.5x as
-    fast), constant link latencies and a fair interface whose lone transfers take whole
-    time units, so events meet at the same instants."""
-    for learners, latency, egress, ingress, kind, speed in itertools.product(
-            (2, 3), (0.0, 1.0), (None, 50.0, 100.0), (None, 50.0, 100.0),
-            ("async", "softsync"), (1.0, 1.5)):
-        link = {"bytes": 100, "latency": {"dist": "constant", "value": latency}}
-        net = {"pull": link, "push": link}
-        for key, bw in (("ps_egress", egress), ("ps_ingress", ingress)):
-            if bw is not None:
-                net[key] = {"bandwidth": bw, "sharing": "fair"}
-        yield {"seed": 0, "cluster": {"learners": learners, "network": net,
-                                      "compute": {"dist": "constant", "value": 2.0},
-                                      "speed": [1.0 + (speed - 1.0) * (i % 2)
-                                                for i in range(learners)]},
-               "protocol": {"kind": kind} | ({"n": 1} if kind == "softsync" else {}),
-               "run": {"gradients": 60, "trace_only": True}}
-
-
-def test_the_lone_transfer_shortcut_gives_the_traces_of_the_trip_through_the_queue(
-        monkeypatch):
-    # A transfer that ends alone at an instant goes on at once (its learner resumes, or its
-    # leg is drawn) instead of being scheduled behind the wake-up: the same order, so the
-    # same traces, over a grid where events meet (taking the shortcut while another event
-    # is due at that instant changes two of these 144 traces).
-    scenarios = [load_scenario(d) for d in _tie_grid()]
-    with_shortcut = [simulate(s).hash() for s in scenarios]
-    monkeypatch.setattr(FairLink, "shortcut", False)
-    assert [simulate(s).hash() for s in scenarios] == with_shortcut
-
-
-def _churn_grid():
-    """Fair interfaces (one direction or both) under churn, every protocol that runs
-    learner loops, ties included (constant compute in half of them)."""
-    for kind, directions, compute, seed in itertools.product(
-            ("async", "softsync", "hardsync", "ssp"),
-            (("ps_ingress",), ("ps_ingress", "ps_egress")),
-            ({"dist": "exponential", "mean": 1.0}, {"dist": "constant", "value": 1.0}),
-            (0, 1)):
-        link = {"bytes": 1000, "bandwidth": 5000.0,
-                "latency": {"dist": "exponential", "mean": 0.1}}
-        net = {"pull": link, "push": link}
-        for key in directions:
-            net[key] = {"bandwidth": 3000.0, "sharing": "fair"}
-        proto = {"kind": kind} | {"softsync": {"n": 2}, "ssp": {"s": 2}}.get(kind, {})
-        yield {"seed": seed, "protocol": proto,
-               "cluster": {"learners": 5, "network": net, "compute": compute,
-                           "availability": {"up": {"dist": "exponential", "mean": 15.0},
-                                            "down": {"dist": "exponential", "mean": 3.0}}},
-               "run": {"gradients": 300, "trace_only": True}}
-
-
-def test_a_step_as_one_event_gives_the_traces_of_the_learner_timing_each_part(monkeypatch):
-    # With a fair ingress the learner waits on one event from its computation to the end
-    # of its push (and from its pull, both directions fair): the computation's end and the
-    # learner's links become wake-ups in the turns the learner's own timeouts would have
-    # had, so every trace is the one of the learner timing each part itself -- ties,
-    # learners going down mid-step and the shortcut of a lone transfer included.
-    scenarios = [load_scenario(d) for d in (*_tie_grid(), *_churn_grid())]
-    one_event = [simulate(s).hash() for s in scenarios]
-    monkeypatch.setattr(Simulation, "one_event_steps", False)
-    assert [simulate(s).hash() for s in scenarios] == one_event
-    monkeypatch.setattr(FairLink, "shortcut", False)
-    assert [simulate(s).hash() for s in scenarios] == one_event
-
-
-@pytest.mark.parametrize("kind,chained", [("async", True), ("softsync", True),
-                                           ("hardsync", False), ("ssp", False)])
-def test_steps_with_nothing_between_them_go_on_without_resuming_the_learners(
-        monkeypatch, kind, chained):
-    # Both directions fair and no pull gate: a step's event hands the gradient to the
-    # protocol and pulls again itself (Simulation._chained), so a learner's process resumes
-    # once, to start; hardsync and SSP gate the pulls, so theirs resume every step. Both
-    # give the traces of the learner timing each part (the grid test above); this checks
-    # which path ran.
-    resumes = []
-    resume = simpy.events.Process._resume
-
-    def counted(self, event):
-        resumes.append(self)
-        return resume(self, event)
-
-    monkeypatch.setattr(simpy.events.Process, "_resume", counted)
-    link = {"bytes": 100, "latency": {"dist": "exponential", "mean": 0.1}}
-    proto = {"kind": kind} | {"softsync": {"n": 2}, "ssp": {"s": 1}}.get(kind, {})
-    trace = simulate(load_scenario({
-        "seed": 0, "protocol": proto, "run": {"gradients": 200, "trace_only": True},
-        "cluster": {"learners": 3, "compute": {"dist": "exponential", "mean": 1.0},
-                    "network": {"pull": link, "push": link,
-                                "ps_egress": {"bandwidth": 150.0, "sharing": "fair"},
-                                "ps_ingress": {"bandwidth": 150.0, "sharing": "fair"}}}}))
-    assert trace.num_gradients >= 200
-    if chained:
-        assert len(resumes) == 3  # each learner's process, started
-    else:
-        assert len(resumes) >= 200
-
-
-def _as_timeout(env, delay):
-    return simpy.Environment.timeout(env, delay)
-
-
-def test_rare_timeouts_take_the_turns_of_timeouts(monkeypatch):
-    # Environment.rare_timeout keeps its events in a heap of its own, the first standing in
-    # the wake-up queue: processes waiting on them, on timeouts and on wake-ups, meeting at
-    # the same instants, go on in the order they would with every one a timeout. "a"'s
-    # later periods are due before "b"'s first, scheduled earlier, so "b"'s stands in again
-    # and again; "d"'s timeout, scheduled after "b"'s period began but before "b"'s stood
-    # in first, ends with it and comes after it.
-    def script():
-        env = Environment()
-        log = []
-
-        def proc(name, delays, wait):
-            for d in delays:
-                yield wait(d)
-                log.append((name, env.now))
-
-        env.process(proc("a", [1.0, 1.0, 0.5, 0.5], env.rare_timeout))
-        env.process(proc("b", [3.0, 1.0, 2.0], env.rare_timeout))
-        env.process(proc("c", [1.0, 0.5, 1.5, 0.5, 1.5], env.timeout))
-        env.process(proc("d", [0.5, 2.5], env.timeout))
-        for t in (1.0, 2.0, 3.0, 4.0):
-            env.call_at(t, lambda arg: log.append((arg, env.now)), f"call {t}")
-        env.run()
-        return log
-
-    log = script()
-    # By hand: at an instant, in the order of scheduling (the calls, scheduled first; then
-    # what each process scheduled when it last went on).
-    assert log == [("d", 0.5), ("call 1.0", 1.0), ("a", 1.0), ("c", 1.0), ("c", 1.5),
-                   ("call 2.0", 2.0), ("a", 2.0), ("a", 2.5),
-                   ("call 3.0", 3.0), ("b", 3.0), ("d", 3.0), ("c", 3.0), ("a", 3.0),
-                   ("c", 3.5),
-                   ("call 4.0", 4.0), ("b", 4.0), ("c", 5.0), ("b", 6.0)]
-    monkeypatch.setattr(Environment, "rare_timeout", _as_timeout)
-    assert script() == log
-
-
-def _availability_grid():
-    """Learners that come and go at the instants their steps end (constant compute, link
-    latencies and periods: every learner's up period ends with its 4th step), and not
-    (exponential periods), under each protocol with a learner loop and each kind of link."""
-    const = [(latency, {"up": {"dist": "constant", "value": up},
-                        "down": {"dist": "constant", "value": 1.0}})
-             for latency, up in ((0.0, 4.0), (0.25, 6.0))]
-    expo = (0.25, {"up": {"dist": "exponential", "mean": 6.0},
-                   "down": {"dist": "exponential", "mean": 1.0}})
-    for kind, sharing, (latency, avail) in itertools.product(
-            ("async", "softsync", "hardsync", "ssp"), (None, "fifo", "fair"), (*const, expo)):
-        link = {"bytes": 100, "latency": {"dist": "constant", "value": latency}}
-        net = {"pull": link, "push": link}
-        if sharing is not None:
-            for key in ("ps_egress", "ps_ingress"):
-                net[key] = {"bandwidth": 600.0, "sharing": sharing}
-        proto = {"kind": kind} | {"softsync": {"n": 2}, "ssp": {"s": 1}}.get(kind, {})
-        yield {"seed": 0, "protocol": proto,
-               "cluster": {"learners": 3, "network": net, "availability": avail,
-                           "compute": {"dist": "constant", "value": 1.0}},
-               "run": {"gradients": 120, "trace_only": True}}
-
-
-def test_availability_periods_as_rare_timeouts_give_the_traces_of_timeouts(monkeypatch):
-    # A learner's up and down periods wait in the environment's heap of rare events: the
-    # traces are those of periods timed by SimPy timeouts, to the bit, where a period
-    # ends as a step does.
-    scenarios = [load_scenario(d) for d in _availability_grid()]
-    rare = [simulate(s) for s in scenarios]
-    assert sum(r.num_down for r in rare) > 36 * 20  # periods end, over and over
-    monkeypatch.setattr(Environment, "rare_timeout", _as_timeout)
-    assert [simulate(s).hash() for s in scenarios] == [r.hash() for r in rare]
