@@ -28,8 +28,10 @@ from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers import online
 from asyncsim.drivers import replay as loop
 from asyncsim.drivers.batched import DEFAULT_BATCH
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.checkpoint import load_params
 from asyncsim.drivers.choose import choose_path
-from asyncsim.drivers.driver import RunResult, load_params, numerics_for
+from asyncsim.drivers.driver import RunResult
 from asyncsim.drivers.plugins import registries as _registries
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run
@@ -46,7 +48,7 @@ deprecated_names(__name__, globals(), {
     "trace_summary": ("asyncsim._compat:trace_summary", "Trace.summary()"),
     "train_size": ("asyncsim._compat:train_size", "asyncsim.numerics.data.train_size("
                    "scn.data.name, scn.data.options)"),
-    "message_bytes": "asyncsim.drivers.driver:message_bytes",
+    "message_bytes": "asyncsim.drivers.build:message_bytes",
 })
 
 

@@ -7,7 +7,8 @@ from asyncsim._moved import forward
 
 forward(
     __name__,
-    ("asyncsim.numerics.numerics", "asyncsim.drivers.driver", "asyncsim._compat"),
+    ("asyncsim.numerics.numerics", "asyncsim.drivers.driver", "asyncsim.drivers.build",
+     "asyncsim.drivers.checkpoint", "asyncsim._compat"),
     globals(),
     renamed={"_INIT_TAG": "INIT_TAG", "_Shared": "Programs"},
 )

@@ -7,7 +7,8 @@ from asyncsim._moved import forward
 
 forward(
     __name__,
-    ("asyncsim.api", "asyncsim.drivers.online", "asyncsim.drivers.driver"),
+    ("asyncsim.api", "asyncsim.drivers.online", "asyncsim.drivers.driver",
+     "asyncsim.drivers.build", "asyncsim.drivers.checkpoint", "asyncsim.drivers.metrics"),
     globals(),
     renamed={"_Recorder": "Recorder"},
 )

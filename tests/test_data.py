@@ -430,7 +430,7 @@ def test_cifar10_relative_paths_resolve_against_the_scenario_folder(tmp_path, mo
     _check_loaded(d, batches)
     _check_loaded(build_dataset(scn), batches)  # what every driver builds
     # A run folder records the path absolute (the data set is too big to copy).
-    from asyncsim.drivers.record import folder_scenario
+    from asyncsim.drivers.folder_scenario import folder_scenario
 
     assert folder_scenario(scn)[0]["data"]["path"] == str(folder / "cifar-10-python.tar.gz")
     with pytest.raises(DataError, match=f"CIFAR10 path {elsewhere / 'cifar-10-python'}"):

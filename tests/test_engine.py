@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 
 from asyncsim import testing
 from asyncsim.api import replay_folder, run, simulate
-from asyncsim.drivers.driver import load_params
+from asyncsim.drivers.checkpoint import load_params
 from asyncsim.drivers.replay import ReplayMemoryError, last_use, replay
 from asyncsim.drivers.scan import pending_plan, replay_scan, slot_plan
 from asyncsim.drivers.vmapped import replay_vmapped
@@ -469,7 +469,7 @@ def test_unfinished_folder_needs_resume(tmp_path, tiny):
 
 def test_the_first_evaluation_computes_while_the_run_goes_on_and_is_the_same(tiny):
     """The driver dispatches the evaluation of the initial parameters and fetches it at the
-    next evaluation (asyncsim.drivers.recorder.Recorder.evaluate_later): its row is the
+    next evaluation (asyncsim.drivers.metrics.Recorder.evaluate_later): its row is the
     one an evaluation waited for gives, to the bit, and comes first; so are the chunked
     evaluation's, dispatched whole and summed later."""
     scn = tiny(run={"updates": 6, "eval_every": 3, "eval_samples": 150})
@@ -487,7 +487,7 @@ def test_the_first_evaluation_computes_while_the_run_goes_on_and_is_the_same(tin
 
 
 def test_a_recorder_adds_an_evaluation_computing_before_any_later_one():
-    from asyncsim.drivers.recorder import Recorder
+    from asyncsim.drivers.metrics import Recorder
     from asyncsim.numerics.numerics import EvalRecord
 
     def rec(v):

@@ -55,9 +55,9 @@ def test_old_module_paths_keep_importing_with_a_deprecation_warning(old):
 
 
 OLD_NAMES = {  # asyncsim 0.1's names in modules that stayed: what they are now
-    ("asyncsim.api", "message_bytes"): ("asyncsim.drivers.driver", "message_bytes"),
+    ("asyncsim.api", "message_bytes"): ("asyncsim.drivers.build", "message_bytes"),
     ("asyncsim.runs", "jsonable"): ("asyncsim._io", "jsonable"),
-    ("asyncsim.runs", "write_scenario"): ("asyncsim.drivers.record", "write_scenario"),
+    ("asyncsim.runs", "write_scenario"): ("asyncsim.drivers.folder_scenario", "write_scenario"),
     ("asyncsim.scenario", "validate"): ("asyncsim.scenario", "check"),
     ("asyncsim.api", "trace_summary"): ("asyncsim._compat", "trace_summary"),
 }

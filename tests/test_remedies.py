@@ -19,14 +19,9 @@ import pytest
 from conftest import TINY, merged
 
 from asyncsim.api import replay_folder, run
-from asyncsim.drivers.driver import (
-    CKPT,
-    Observer,
-    Recorder,
-    load_checkpoint,
-    load_params,
-    save_checkpoint,
-)
+from asyncsim.drivers.checkpoint import CKPT, load_checkpoint, load_params, save_checkpoint
+from asyncsim.drivers.driver import Observer
+from asyncsim.drivers.metrics import Recorder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay

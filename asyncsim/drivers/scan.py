@@ -26,8 +26,9 @@ from jax import lax
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
-from asyncsim.drivers.record import start_folder
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.driver import Driver, Monitor, RunResult
+from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory, last_use
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics

@@ -245,7 +245,7 @@ class Numerics:
         scn: the scenario.
         grouping: ``"none"`` | ``"version"`` | ``"auto"`` (see the module docstring).
         grads_per_update: gradients per PS update (the protocol's c, a timing fact the
-            drivers pass: :func:`asyncsim.drivers.driver.numerics_for`); needed only by
+            drivers pass: :func:`asyncsim.drivers.build.numerics_for`); needed only by
             epoch-based schedules, which convert epochs to updates with it.
         nominal_staleness: the protocol's nominal delay (a timing fact too); needed only by
             ``optimizer.lr_staleness = "nominal"``.

@@ -64,7 +64,9 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import CKPT, Driver, numerics_for, resume_from
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.checkpoint import CKPT, resume_from
+from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.protocols import Protocol, get_protocol_class
@@ -222,7 +224,7 @@ class PSImpl:
         scn: the scenario. folder: the run folder (must be visible to this process).
         learners: the learner actor handles, index = learner id.
         resume: restart from ``folder/checkpoint.npz`` when it exists.
-        record: the scenario as the folder records it (:mod:`asyncsim.drivers.record`,
+        record: the scenario as the folder records it (:mod:`asyncsim.drivers.folder_scenario`,
             computed by the driver), kept in every checkpoint.
         faults: fault injection for tests and demos: ``{"kill_learner": [id, version]}``
             (the learner's process exits inside the first gradient it computes from a pull

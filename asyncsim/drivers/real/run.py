@@ -16,7 +16,8 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import CKPT, check_checkpoint
+from asyncsim.drivers.checkpoint import CKPT, check_checkpoint
+from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.drivers.plugins import install_plugins, pack_plugins
 from asyncsim.drivers.real import watchdog
 from asyncsim.drivers.real.actors import (
@@ -25,7 +26,6 @@ from asyncsim.drivers.real.actors import (
     RealRunError,
     thread_counts,
 )
-from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
