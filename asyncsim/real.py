@@ -11,7 +11,9 @@ forward(
     (
         "asyncsim.drivers.real",
         "asyncsim.drivers.real.run",
-        "asyncsim.drivers.real.actors",
+        "asyncsim.drivers.real.learner",
+        "asyncsim.drivers.real.ps",
+        "asyncsim.drivers.real.threads",
         "asyncsim.drivers.plugins",
         "asyncsim.calibrate",
         "asyncsim.cli.real",

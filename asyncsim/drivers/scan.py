@@ -286,51 +286,49 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
     :mod:`asyncsim.stability.measured`.
     Compiled once per (Numerics, c, K, vmapped, store, reads, traces, growth) and chunk
     size L."""
-    # Why this is long: the bodies (versions store, gradient store) and the loops around them
-    # (losses, growth windows) are closures over one compiled program's constants: the model,
-    # the data on the device, c, K, the store; each is short and says what it does.
     cache = num.__dict__.setdefault("_scan_cache", {})
     key = (c, K, vmapped, store, reads, traces, growth)
     if key in cache:
         return cache[key]
+    update = (_pending_update(num, c, reads) if store == "gradients"
+              else _versions_update(num, c, K))
+    prog = (_growth_loop(update, store, growth) if growth is not None
+            else _losses_loop(update, c))
+    if vmapped:
+        prog = jax.vmap(prog, in_axes=(0, None, None))
+    if traces:
+        prog = jax.vmap(prog, in_axes=(0, 0, None))
+    # The carry is donated: XLA then updates and reads the buffer in place. Without it, reads
+    # from the (non-aliased) buffer cost ~40% of an MLP step on CPU (measured, 24 versions).
+    cache[key] = jax.jit(prog, donate_argnums=(0,))
+    return cache[key]
+
+
+def _read(buf, i):
+    """Slot ``i`` of a buffer of versions or pending gradients (a traced index)."""
+    return jax.tree_util.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), buf)
+
+
+def _row(xs, i):
+    """Row ``i`` of a chunk's per-update inputs (a traced index)."""
+    return tuple(lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs)
+
+
+def _versions_update(num: Numerics, c: int, K: int):
+    """One update of the version store: ``(state, buf), (l, b, r, t, v, w) -> (state, buf),
+    losses[c]``. The update's c gradients read their versions from ``buf[r]`` (the current
+    parameters when ``K == 1``: nothing is stale), the core applies them, and the new
+    version is written to ``buf[w]`` (:func:`slot_plan`)."""
     tm = jax.tree_util.tree_map
-    one = num.programs.one
-    core_apply = num.core.apply
+    one, core_apply = num.programs.one, num.core.apply
     x_all, y_all = num.x_train, num.y_train
-
-    def read(buf, i):
-        return tm(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), buf)
-
-    def pending_body(carry, xs):
-        st, buf = carry
-        n, cl, cb, cs, l, a, t, v = xs
-        parts_one, expand_one = num.programs.parts_one, num.programs.expand_one
-
-        def compute(j, buf):
-            out = parts_one(st.params, x_all, y_all, cl[j], cb[j])
-            return tm(lambda p, o: lax.dynamic_update_index_in_dim(p, o, cs[j], 0), buf, out)
-
-        # The first read is unconditional (an update without reads computes into the scratch
-        # slot) and only further reads loop: measured on the MLP row, a loop over all reads
-        # cost ~0.05 ms per update more, far more than the rare wasted gradient.
-        buf = compute(0, buf)
-        if reads > 1:
-            buf = lax.fori_loop(1, n, compute, buf)
-        losses = buf[0][a]
-        if c <= 4:
-            grads = tm(lambda *g: jnp.stack(g), *[
-                expand_one(read(buf[1], a[i]), x_all) for i in range(c)])
-        else:
-            grads = jax.vmap(expand_one, in_axes=(0, None))(tm(lambda p: p[a], buf[1]), x_all)
-        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
-        return (st, buf), losses
 
     def body(carry, xs):
         st, buf = carry
         l, b, r, t, v, w = xs
         if c <= 4:
             # K == 1 (no staleness): every gradient reads the current parameters, no copy.
-            read_c = [st.params if K == 1 else read(buf, r[i]) for i in range(c)]
+            read_c = [st.params if K == 1 else _read(buf, r[i]) for i in range(c)]
             outs = [one(p_i, x_all, y_all, l[i], b[i]) for i, p_i in enumerate(read_c)]
             losses = jnp.stack([o[0] for o in outs])
             grads = tm(lambda *a: jnp.stack(a), *[o[1] for o in outs])
@@ -355,7 +353,48 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
             buf = tm(lambda a, p: lax.dynamic_update_index_in_dim(a, p, w, 0), buf, st.params)
         return (st, buf), losses
 
-    fn = pending_body if store == "gradients" else body
+    return body
+
+
+def _pending_update(num: Numerics, c: int, reads: int):
+    """One update of the gradient store: ``(state, buf), (n, cl, cb, cs, l, a, t, v) ->
+    (state, buf), losses[c]``. First the ``n`` gradients that read this version are computed
+    at the current parameters into their pending slots ``cs`` (:func:`pending_plan`; up to
+    ``reads``), then the c pending gradients in slots ``a`` are expanded and applied."""
+    tm = jax.tree_util.tree_map
+    core_apply = num.core.apply
+    x_all, y_all = num.x_train, num.y_train
+    parts_one, expand_one = num.programs.parts_one, num.programs.expand_one
+
+    def pending_body(carry, xs):
+        st, buf = carry
+        n, cl, cb, cs, l, a, t, v = xs
+
+        def compute(j, buf):
+            out = parts_one(st.params, x_all, y_all, cl[j], cb[j])
+            return tm(lambda p, o: lax.dynamic_update_index_in_dim(p, o, cs[j], 0), buf, out)
+
+        # The first read is unconditional (an update without reads computes into the scratch
+        # slot) and only further reads loop: measured on the MLP row, a loop over all reads
+        # cost ~0.05 ms per update more, far more than the rare wasted gradient.
+        buf = compute(0, buf)
+        if reads > 1:
+            buf = lax.fori_loop(1, n, compute, buf)
+        losses = buf[0][a]
+        if c <= 4:
+            grads = tm(lambda *g: jnp.stack(g), *[
+                expand_one(_read(buf[1], a[i]), x_all) for i in range(c)])
+        else:
+            grads = jax.vmap(expand_one, in_axes=(0, None))(tm(lambda p: p[a], buf[1]), x_all)
+        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
+        return (st, buf), losses
+
+    return pending_body
+
+
+def _losses_loop(update, c: int):
+    """The chunk program ``carry, xs, n -> carry, losses[L, c]``: ``update`` over the first
+    ``n`` rows of ``xs``, keeping each update's batch losses."""
 
     def chunk_fn(carry, xs, n):
         # A loop with a traced trip count over inputs padded to a fixed length: one compiled
@@ -366,20 +405,26 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
 
         def step(i, val):
             carry, losses = val
-            carry, lo = fn(carry, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
-                                        for a in xs))
+            carry, lo = update(carry, _row(xs, i))
             return carry, lax.dynamic_update_index_in_dim(losses, lo.astype(jnp.float32), i, 0)
 
         return lax.fori_loop(0, n, step, (carry, losses))
 
+    return chunk_fn
+
+
+def _growth_loop(update, store: str, growth: tuple[int, int, int]):
+    """The measured-edge chunk program ``(carry, (window_a, window_b)), xs, n -> ..., None``:
+    ``update`` over the first ``n`` rows, keeping the largest squared parameter norm over
+    updates [q1, q2) and from q3 on (``growth = (q1, q2, q3)``)."""
+    q1, q2, q3 = growth
+
     def growth_fn(carry, xs, n):
-        q1, q2, q3 = growth
         v_col = xs[-2] if store == "versions" else xs[-1]  # the update index of each row
 
         def step(i, val):
             inner, (wa, wb) = val
-            inner, _ = fn(inner, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
-                                       for a in xs))
+            inner, _ = update(inner, _row(xs, i))
             v = v_col[i]
             sq = sum(jnp.sum(jnp.square(p)) for p in jax.tree_util.tree_leaves(inner[0].params))
             # NaN must win the max (a diverged lane), hence jnp.maximum, not fmax.
@@ -389,15 +434,7 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
 
         return lax.fori_loop(0, n, step, carry), None
 
-    prog = growth_fn if growth is not None else chunk_fn
-    if vmapped:
-        prog = jax.vmap(prog, in_axes=(0, None, None))
-    if traces:
-        prog = jax.vmap(prog, in_axes=(0, 0, None))
-    # The carry is donated: XLA then updates and reads the buffer in place. Without it, reads
-    # from the (non-aliased) buffer cost ~40% of an MLP step on CPU (measured, 24 versions).
-    cache[key] = jax.jit(prog, donate_argnums=(0,))
-    return cache[key]
+    return growth_fn
 
 
 def run_chunks(run_chunk, carry, xs_all: tuple[np.ndarray, ...],
