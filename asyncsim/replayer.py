@@ -12,6 +12,7 @@ forward(
         "asyncsim.api",  # replay, replay_folder: the public ones, with the measurements
         "asyncsim.drivers.replay",
         "asyncsim.drivers.scan",
+        "asyncsim.drivers.slots",
         "asyncsim.drivers.vmapped",
         "asyncsim.drivers.choose",
         "asyncsim._compat",

@@ -37,7 +37,8 @@ from asyncsim.api import (
 from asyncsim.drivers.build import numerics_for  # noqa: E402
 from asyncsim.drivers.choose import sweep_path  # noqa: E402
 from asyncsim.drivers.replay import replay  # noqa: E402
-from asyncsim.drivers.scan import replay_scan, slot_plan  # noqa: E402
+from asyncsim.drivers.scan import replay_scan  # noqa: E402
+from asyncsim.drivers.slots import slot_plan  # noqa: E402
 from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
 from asyncsim.numerics.models import num_params  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402

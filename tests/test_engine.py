@@ -21,7 +21,8 @@ from asyncsim.api import replay_folder, run, simulate
 from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.checkpoint import load_params
 from asyncsim.drivers.replay import ReplayMemoryError, last_use, replay
-from asyncsim.drivers.scan import pending_plan, replay_scan, slot_plan
+from asyncsim.drivers.scan import replay_scan
+from asyncsim.drivers.slots import pending_plan, slot_plan
 from asyncsim.drivers.vmapped import replay_vmapped
 from asyncsim.numerics.core import param_hash
 from asyncsim.numerics.data import batch_indices

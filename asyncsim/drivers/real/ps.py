@@ -11,7 +11,7 @@
   version) with the learner's next batch index, collects finished gradients with
   ``ray.wait`` in arrival order, and hands each arrival to the scenario's **unchanged**
   protocol object (:mod:`asyncsim.timing.protocols`) through a small stand-in for the SimPy
-  simulation (:class:`_Clock`). When the protocol applies an update, the PS hands the
+  simulation (:class:`~.clock.Clock`). When the protocol applies an update, the PS hands the
   gradients it took, in the protocol's order, to the one
   :class:`~asyncsim.drivers.driver.Driver`, which applies them with the update program of
   :meth:`Numerics.update`.
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,47 +67,11 @@ from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.checkpoint import CKPT, resume_from
 from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.plugins import install_plugins
+from asyncsim.drivers.real.clock import Clock
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 from asyncsim.trace import RESTARTS_FILE, Trace
 
 __all__ = ["PSHost", "PSImpl"]
-
-
-class _Event:
-    """Stand-in for a SimPy event: protocols only create, ``succeed`` and test it."""
-
-    __slots__ = ("callbacks", "triggered")
-
-    def __init__(self):
-        self.callbacks: list[Callable[[], None]] = []
-        self.triggered = False
-
-    def succeed(self):
-        self.triggered = True
-        cbs, self.callbacks = self.callbacks, []
-        for cb in cbs:
-            cb()
-
-
-class _Env:
-    def event(self):
-        return _Event()
-
-
-class _Clock:
-    """The part of :class:`asyncsim.cluster.Simulation` protocols use: ``version``,
-    ``env.event()``, ``apply_update(grads)``."""
-
-    def __init__(self, apply: Callable[[Sequence[tuple]], None]):
-        self.env = _Env()
-        self.version = 0
-        self._apply = apply
-
-    def apply_update(self, grads):
-        self._apply(list(grads))
-
-    def note_pull(self, learner, version):  # hardsync/ssp never need it; kept for plug-ins
-        pass
 
 
 _GCOLS = ("learner", "batch", "read_version", "apply_version", "staleness", "t_pull",
@@ -165,7 +128,7 @@ class PSImpl:
                                   record=record)
         self.driver.ps = self
         self.proto = get_protocol_class(scn.protocol.kind)(scn.protocol, lam)
-        self.clock = _Clock(self._apply_update)
+        self.clock = Clock(self._apply_update)
         self.next_batch = [0] * lam
         if start is not None:
             self._warm_protocol()
@@ -191,7 +154,7 @@ class PSImpl:
         """Re-feed the checkpointed (applied) gradients to a fresh protocol, updates muted,
         so its buffers/clocks match the checkpoint; learners restart at their next batch."""
 
-        muted = _Clock(lambda grads: setattr(muted, "version", muted.version + 1))
+        muted = Clock(lambda grads: setattr(muted, "version", muted.version + 1))
         g, u = self.g, self.u
         lam = len(self.next_batch)
         # A short hardsync round (a learner died, see run()) is replayed as the same
