@@ -339,6 +339,22 @@ class Driver:
         and, with a folder, every output file, ``summary.json`` last and once, so a folder
         with a summary has all of it. A diverged run's trace ends at its last applied
         update."""
+        trace, measured = self._final(trace)
+        rec, final = self.rec, self.state
+        evals = {k: [getattr(e, k) for e in rec.evals] for k in EvalRecord.__dataclass_fields__}
+        n = min(len(rec.losses), trace.num_updates)
+        upd = {k: v[:n] for k, v in trace.updates.items()}
+        upd["train_loss"] = np.asarray(update_means(rec.losses[:n]), np.float64)
+        summary = self._summary(trace, t0, kind, {**measured, **(extra or {})})
+        if compare is not None:
+            summary.update(compare(summary, final.params))
+        if self.folder is not None:
+            self._write_folder(trace, evals, upd, summary)
+        return RunResult(trace, summary, evals, upd, final.params, self.folder)
+
+    def _final(self, trace: Trace) -> tuple[Trace, dict[str, Any]]:
+        """The final check, evaluation and observation: the trace up to the last applied
+        update, and what the monitor measured."""
         self.check()
         self.close_progress()
         if self.stopped_at is not None:
@@ -356,12 +372,12 @@ class Driver:
             if self._observed != trace.num_updates:
                 self._observe(trace.num_updates)
             measured = self.monitor.finish(self)
-        num, rec, final = self.num, self.rec, self.state
-        evals = {k: [getattr(e, k) for e in rec.evals] for k in EvalRecord.__dataclass_fields__}
-        n = min(len(rec.losses), trace.num_updates)
-        upd = {k: v[:n] for k, v in trace.updates.items()}
-        upd["train_loss"] = np.asarray(update_means(rec.losses[:n]), np.float64)
-        last = rec.evals[-1]
+        return trace, measured
+
+    def _summary(self, trace: Trace, t0: float, kind: str,
+                 more: Mapping[str, Any]) -> dict[str, Any]:
+        """``summary.json``'s fields (``more``: the monitor's and the caller's, last)."""
+        num, final, last = self.num, self.state, self.rec.evals[-1]
         trace_figures = trace.summary()
         summary = {
             "name": self.scn.name, "seed": self.scn.seed, "kind": kind,
@@ -380,23 +396,23 @@ class Driver:
             # The loop's numbers, bit for bit: a scan or vmapped replay says False.
             "exact": True,
             **self._rates(trace_figures["staleness_mean"]),
-            **measured,
-            **(extra or {}),
+            **more,
         }
         if self.scn.run.eval_train:
             loss, err = num.evaluate(final.params, split="train")
             summary.update(final_train_error=float(err), final_train_set_loss=float(loss))
-        if compare is not None:
-            summary.update(compare(summary, final.params))
+        return summary
+
+    def _write_folder(self, trace: Trace, evals: dict[str, list], upd: dict[str, Any],
+                      summary: dict[str, Any]) -> None:
+        """Every output file, ``summary.json`` last and once; the checkpoint goes."""
         folder = self.folder
-        if folder is not None:
-            runs.add_provenance(folder, compilation_cache=compile_cache.stats())
-            trace.save(folder)
-            runs.atomic_write_text(folder / "eval.csv", csv_text(evals))
-            write_parquet(folder / "updates.parquet", upd)
-            save_params(folder, final.params)
-            runs.write_summary(folder, summary)
-            ck = folder / CKPT
-            if ck.exists():
-                ck.unlink()  # a complete run needs no checkpoint; final params are kept
-        return RunResult(trace, summary, evals, upd, final.params, folder)
+        runs.add_provenance(folder, compilation_cache=compile_cache.stats())
+        trace.save(folder)
+        runs.atomic_write_text(folder / "eval.csv", csv_text(evals))
+        write_parquet(folder / "updates.parquet", upd)
+        save_params(folder, self.state.params)
+        runs.write_summary(folder, summary)
+        ck = folder / CKPT
+        if ck.exists():
+            ck.unlink()  # a complete run needs no checkpoint; final params are kept
