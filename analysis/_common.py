@@ -161,7 +161,7 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
         except (ValueError, OSError):  # ScenarioError: an edited file no longer loads
             continue
         # Each point as its folder records it, read back like the recorded ones. (A scenario
-        # that reads files records them copied or made absolute, asyncsim.drivers.record,
+        # that reads files records them copied or made absolute, asyncsim.drivers.folder_scenario,
         # which this JAX-free code does not redo: such runs caption as "modified". No figure
         # scenario reads a file.)
         resolved = {name: tomllib.loads(scenario_toml(s)) for name, _, s in planned}

@@ -27,8 +27,10 @@ from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers import online
 from asyncsim.drivers import replay as loop
 from asyncsim.drivers.batched import DEFAULT_BATCH
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.checkpoint import load_params
 from asyncsim.drivers.choose import choose_path
-from asyncsim.drivers.driver import RunResult, load_params, numerics_for
+from asyncsim.drivers.driver import RunResult
 from asyncsim.drivers.plugins import registries as _registries
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run

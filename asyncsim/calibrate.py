@@ -12,7 +12,7 @@ import numpy as np
 from asyncsim import runs
 from asyncsim._io import save_figure
 from asyncsim.config import to_dict
-from asyncsim.drivers.driver import message_bytes
+from asyncsim.drivers.build import message_bytes
 from asyncsim.scenario import load_run_scenario, load_scenario
 from asyncsim.trace import Trace, away_intervals, read_restarts
 

@@ -437,7 +437,7 @@ def _remove(p: Path) -> None:
 # ----------------------------------------------------------------------------- TOML out
 def scenario_dict(scn: Scenario) -> dict[str, Any]:
     """The resolved scenario as a run folder records it, before its input files are placed
-    (:func:`asyncsim.drivers.record.folder_scenario` does that): no ``source``, and no
+    (:func:`asyncsim.drivers.folder_scenario.folder_scenario` does that): no ``source``, and no
     defaults of keys its protocol does not read."""
     d = drop_unused(to_dict(scn))
     d.pop("source", None)

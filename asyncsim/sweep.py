@@ -36,10 +36,10 @@ import pandas as pd
 from asyncsim import runs
 from asyncsim._io import DamagedFile, _toml_value, read_json, read_toml
 from asyncsim.config import Scenario
+from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.choose import sweep_path
-from asyncsim.drivers.driver import numerics_for
+from asyncsim.drivers.folder_scenario import folder_scenario, scenario_changes
 from asyncsim.drivers.online import run
-from asyncsim.drivers.record import folder_scenario, scenario_changes
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import trace_run

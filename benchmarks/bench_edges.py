@@ -33,7 +33,7 @@ def bench_table() -> tuple[float, int]:
 
 def bench_measured(points: int, seed: int = 0) -> dict[str, float]:
     from asyncsim.api import simulate
-    from asyncsim.drivers.driver import numerics_for
+    from asyncsim.drivers.build import numerics_for
     from asyncsim.drivers.scan import growth_inputs
     from asyncsim.stability import edge
     from asyncsim.stability.measured import (

@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 from _util import best, best_interleaved, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
 from asyncsim.api import run, simulate  # noqa: E402
+from asyncsim.drivers.build import numerics_for  # noqa: E402
 from asyncsim.drivers.replay import replay  # noqa: E402
 from asyncsim.drivers.scan import replay_scan  # noqa: E402
 from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
@@ -145,12 +146,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         rows[name] = value  # printed as soon as it is measured: a long run shows progress
         print(f"{name:<{width}}  {value:,.3f}", flush=True)
 
-    num = Numerics(scenario(model, lam, samples, {"kind": "async"}, max(samples, 1024)))
+    num = numerics_for(scenario(model, lam, samples, {"kind": "async"}, max(samples, 1024)))
     for name, rate in gradient_rates(num, lam, grads, k, a.repeat).items():
         report(f"gradients/s, {name}", rate)
 
     scn = scenario(model, lam, samples, {"kind": "softsync", "n": lam}, max(samples, 1024))
-    snum = Numerics(scn)
+    snum = numerics_for(scn)
     res = run(scn, numerics=snum)  # compiles
     g = res.trace.grads
     plain = plain_sgd_loop(snum, 0.001, list(zip(g["learner"].tolist(), g["batch"].tolist(),

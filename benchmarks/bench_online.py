@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import best, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
 from asyncsim.api import run  # noqa: E402
-from asyncsim.numerics.numerics import Numerics  # noqa: E402
+from asyncsim.drivers.build import numerics_for  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def scenario(learners, mu, n_train, proto, updates=None, gradients=None):
 
 
 def online_vs_plain(scn, repeat):
-    num = Numerics(scn)
+    num = numerics_for(scn)
     run(scn, numerics=num)  # compile
     t_online = best(lambda: run(scn, numerics=num).params, repeat)
     res = run(scn, numerics=num)
@@ -65,11 +65,11 @@ def main() -> None:
 
     n = a.epoch_samples
     scn = scenario(30, 4, n, {"kind": "softsync", "n": 30}, gradients=n // 4)
-    num = Numerics(scn)
+    num = numerics_for(scn)
     run(scn, numerics=num)
     t_epoch = best(lambda: run(scn, numerics=num).params, a.repeat)
     ref = scenario(1, 128, n, {"kind": "async"}, gradients=n // 128)
-    rnum = Numerics(ref)
+    rnum = numerics_for(ref)
     plain = plain_sgd_loop(rnum, 0.001, [(0, b) for b in range(n // 128)], 128)
     t_ref = best(plain, a.repeat)
     print(f"2. P1 lambda=30 mu=4 30-softsync epoch of {n} samples: {t_epoch:.3f} s; plain SGD "
@@ -81,7 +81,7 @@ def main() -> None:
 
     for grouping in ("none", "version"):
         scn = scenario(30, 4, 1200, {"kind": "hardsync"}, updates=4)
-        num = Numerics(scn, grouping=grouping)
+        num = numerics_for(scn, grouping=grouping)
         run(scn, numerics=num)
         t = best(lambda num=num, scn=scn: run(scn, numerics=num).params, a.repeat)
         print(f"3. hardsync lambda=30 mu=4, 4 updates, grouping={grouping}: {t:.3f} s")

@@ -34,12 +34,13 @@ from asyncsim.api import (
     run,  # noqa: E402
     simulate,  # noqa: E402
 )
+from asyncsim.drivers.build import numerics_for  # noqa: E402
 from asyncsim.drivers.choose import sweep_path  # noqa: E402
 from asyncsim.drivers.replay import replay  # noqa: E402
-from asyncsim.drivers.scan import replay_scan, slot_plan  # noqa: E402
+from asyncsim.drivers.scan import replay_scan  # noqa: E402
+from asyncsim.drivers.slots import slot_plan  # noqa: E402
 from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
 from asyncsim.numerics.models import num_params  # noqa: E402
-from asyncsim.numerics.numerics import Numerics  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
     """scan=False: skip replay's scan path and time the plain scan once (on 2 CPU cores a
     scan over convolutions is ~20x slower than a loop of jitted steps: ~140 s here)."""
     trace = simulate(scn)
-    num = Numerics(scn)
+    num = numerics_for(scn)
     g = trace.grads
     batches = list(zip(g["learner"].tolist(), g["batch"].tolist(), strict=True))
     mu = scn.data.batch_size
@@ -108,7 +109,7 @@ def sweep_vs_single(name, model, repeat):
                       "momentum": {"kind": "heavy-ball", "beta": 0.9}},
         "run": {"updates": 400, "eval_every": 100, "eval_samples": 100}})
     trace = simulate(scn)
-    num = Numerics(scn)
+    num = numerics_for(scn)
     hypers = [{"lr": float(x)} for x in np.geomspace(1e-3, 0.03, 16)]
     mode, path = sweep_path(scn, trace, hypers, numerics=num)
     singles = {}
@@ -150,7 +151,7 @@ def main() -> None:
 
     qs = load_scenario(REPO / "scenarios" / "quickstart.toml",
                        overrides=[f"run.epochs={a.qs_epochs}"])
-    num = Numerics(qs)
+    num = numerics_for(qs)
     t0 = time.perf_counter()
     res = run(qs, numerics=num)
     t_online = time.perf_counter() - t0

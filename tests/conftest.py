@@ -66,7 +66,7 @@ def tiny() -> TinyScenarios:
 def num_cache():
     """A module's Numerics per (seed, model, data, optimizer, learners, protocol): built once,
     its programs compiled once."""
-    from asyncsim.numerics.numerics import Numerics
+    from asyncsim.drivers.build import numerics_for
 
     cache = {}
 
@@ -74,7 +74,7 @@ def num_cache():
         key = (scn.seed, repr(scn.model), repr(scn.data), repr(scn.optimizer),
                scn.cluster.learners, scn.protocol)
         if key not in cache:
-            cache[key] = Numerics(scn)
+            cache[key] = numerics_for(scn)
         return cache[key]
 
     return get

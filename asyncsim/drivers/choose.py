@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import numerics_for
+from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.vmapped import replay_vmapped

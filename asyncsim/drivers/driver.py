@@ -11,14 +11,13 @@ cleanly, recorded in ``summary.json`` as ``diverged: true`` and ``diverged_at``.
 
 Checkpoints and resume: every ``run.checkpoint_every`` updates (or, when that is 0, once a
 minute of wall time) the numerics state, the parameter versions still in use and the
-metrics so far are written atomically to ``checkpoint.npz``. Timing never depends on
-numerics, so ``--resume`` re-simulates the timeline (cheap) and restarts the numerics from
-the checkpoint: the final ``param_hash`` is the one an uninterrupted run gives.
+metrics so far are written atomically to ``checkpoint.npz`` (:mod:`.checkpoint`). Timing
+never depends on numerics, so ``--resume`` re-simulates the timeline (cheap) and restarts the
+numerics from the checkpoint: the final ``param_hash`` is the one an uninterrupted run gives.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,34 +26,36 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, atomic, csv_text, damaged, npz_member, read_npz, write_parquet
+from asyncsim._io import csv_text, write_parquet
 from asyncsim._process import raise_if_interrupted
 from asyncsim.config import Scenario
-from asyncsim.drivers.record import check_resume
-from asyncsim.drivers.recorder import Recorder, eval_record
+from asyncsim.drivers.checkpoint import CKPT, save_checkpoint, save_params
+from asyncsim.drivers.metrics import (
+    DIVERGED_FACTOR,
+    Recorder,
+    eval_record,
+    first_diverged,
+    params_finite,
+    update_means,
+)
 from asyncsim.drivers.result import RunResult
-from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.core import CoreState, param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay
-from asyncsim.numerics.models import num_params
-from asyncsim.numerics.numerics import EvalRecord, Numerics, Row, build_model
-from asyncsim.timing.protocols import get_protocol_class, timing_revision
+from asyncsim.numerics.numerics import EvalRecord, Numerics, Row
+from asyncsim.timing.protocols import timing_revision
 from asyncsim.trace import Trace
 
 CHECK_EVERY = 16  # updates between fetches of the batch losses (the divergence check)
 # The rollback window of a divergence check holds at most this many bytes of core states.
 WINDOW_BYTES = 256 << 20
-CKPT = "checkpoint.npz"
 # With run.checkpoint_every = 0, a run folder still gets a checkpoint once this many seconds
 # of wall time have passed since the last one, so a long run killed at any moment loses at
 # most about a minute of work.
 AUTO_CHECKPOINT_SECONDS = 60.0
-DIVERGED_FACTOR = 1e6
 
 
 class Monitor(Protocol):
@@ -89,159 +90,6 @@ class Observer:
         return {}
 
 
-def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
-    """``scn``'s :class:`Numerics`, told the protocol's gradients per update (a timing fact
-    that epoch-based schedules need) and its nominal delay (for ``lr_staleness =
-    "nominal"``)."""
-    proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
-    return Numerics(scn, grads_per_update=1.0 / proto.updates_per_gradient(),
-                    nominal_staleness=proto.nominal_staleness(), **kw)
-
-
-def message_bytes(scn: Scenario, *, always: bool = False) -> int | None:
-    """4 bytes per model parameter, when a message's size matters and is not given: a link,
-    or the PS's shared interface in its direction, has a finite bandwidth and no ``bytes``
-    (with ``always``, in any case)."""
-    net = scn.cluster.network
-    if not always and not any(link.bytes is None and (math.isfinite(link.bandwidth) or (
-            shared is not None and math.isfinite(shared.bandwidth)))
-               for link, shared in ((net.pull, net.ps_egress), (net.push, net.ps_ingress))):
-        return None
-    model = build_model(scn)  # a ScenarioError under `model` for an option it refuses
-    return 4 * num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
-
-
-def first_diverged(losses: list[np.ndarray], base: int, first_loss: float) -> int | None:
-    """Version of the first update (counting from ``base``) whose batch losses are not all
-    finite or exceed ``DIVERGED_FACTOR * first_loss``; None if there is none."""
-    if not losses:
-        return None
-    flat, owner = _flatten(losses)
-    limit = DIVERGED_FACTOR * first_loss if np.isfinite(first_loss) else np.inf
-    with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(flat) | (flat > limit)
-    hit = np.flatnonzero(bad)
-    return None if hit.size == 0 else base + int(owner[hit[0]])
-
-
-@jax.jit
-def _all_finite(params) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
-                              for x in jax.tree_util.tree_leaves(params)]))
-
-
-def params_finite(params) -> bool:
-    """Whether every parameter is finite (one compiled reduction)."""
-    return bool(_all_finite(params))
-
-
-def update_means(losses: list[np.ndarray]) -> np.ndarray:
-    """The mean batch loss of each update (NaN for an update with no gradients)."""
-    if not losses:
-        return np.zeros(0)
-    flat, owner = _flatten(losses)
-    sums = np.bincount(owner, weights=flat.astype(np.float64), minlength=len(losses))
-    sizes = np.bincount(owner, minlength=len(losses))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(sizes > 0, sums / np.maximum(sizes, 1), np.nan)
-
-
-def _flatten(losses: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """All batch losses in one array, and the index of the update each belongs to: one
-    vectorised pass instead of a Python loop over updates (measured: ~25 ms less per
-    1,000-update replay, about 3% of a scan replay of a small MLP)."""
-    sizes = np.fromiter((x.size for x in losses), np.int64, len(losses))
-    flat = np.concatenate([np.ravel(x) for x in losses])
-    return flat, np.repeat(np.arange(len(losses)), sizes)
-
-
-def _flat(tree) -> list[np.ndarray]:
-    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
-
-
-def save_checkpoint(folder: Path, version: int, state: CoreState, versions: dict[int, Any],
-                    rec: Recorder, extra: dict[str, Any]) -> None:
-    arrays: dict[str, np.ndarray] = {f"state_{i}": a for i, a in enumerate(_flat(state))}
-    arrays.update({f"v{v}_{i}": a for v, params in versions.items()
-                   for i, a in enumerate(_flat(params))})
-    meta = {"version": version, "versions": sorted(versions),
-            "evals": [e.__dict__ for e in rec.evals], "extra": extra,
-            "losses_len": [int(x.size) for x in rec.losses]}
-    arrays["losses"] = (np.concatenate(rec.losses) if rec.losses
-                        else np.zeros(0, np.float32)).astype(np.float32)
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    with atomic(folder / CKPT, fsync=True) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def load_checkpoint(folder: Path, template_state: CoreState, template_params):
-    z = read_npz(folder / CKPT, what="the checkpoint")
-    meta = json.loads(bytes(z["meta"]).decode())
-    s_def = jax.tree_util.tree_structure(template_state)
-    s_leaves = [z[f"state_{i}"] for i in range(s_def.num_leaves)]
-    state = jax.tree_util.tree_unflatten(s_def, [jax.numpy.asarray(a) for a in s_leaves])
-    p_def = jax.tree_util.tree_structure(template_params)
-    versions = {}
-    for v in meta["versions"]:
-        leaves = [jax.numpy.asarray(z[f"v{v}_{i}"]) for i in range(p_def.num_leaves)]
-        versions[v] = jax.tree_util.tree_unflatten(p_def, leaves)
-    flat = z["losses"]
-    rec = Recorder()
-    pos = 0
-    for n in meta["losses_len"]:
-        rec.losses.append(flat[pos:pos + n])
-        pos += n
-    rec.evals = [EvalRecord(**e) for e in meta["evals"]]
-    return meta["version"], state, versions, rec, meta["extra"]
-
-
-# What to do about a checkpoint that cannot be used.
-_START_OVER = "pass --force to start over"
-
-
-def checkpoint_meta(folder: Path) -> dict[str, Any]:
-    """The metadata of ``folder``'s checkpoint (its version, what it was saved with), read
-    without loading its states; a checkpoint that cannot be read is a one-line
-    :class:`~asyncsim._io.DamagedFile`."""
-    raw = npz_member(folder / CKPT, "meta", what="the checkpoint", advice=_START_OVER)
-    try:
-        meta = json.loads(bytes(raw).decode())
-    except ValueError as e:
-        raise damaged(folder / CKPT, e, _START_OVER) from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("extra", {}), dict):
-        raise damaged(folder / CKPT, "its metadata is not a table", _START_OVER)
-    return meta
-
-
-def check_checkpoint(folder: Path, scn: Scenario) -> dict[str, Any]:
-    """Refuse, in one line, a checkpoint that does not belong to ``scn`` (the folder's
-    scenario.toml as it is now: :func:`asyncsim.drivers.record.check_resume`); returns the
-    scenario as the folder records it, which the resumed run's checkpoints keep."""
-    extra = checkpoint_meta(folder).get("extra", {})
-    revision = timing_revision(scn.protocol)
-    if extra.get("timing_revision") != revision:
-        raise ScenarioError("protocol.schedule", f"{folder / CKPT} was made under another "
-                            f"timing model of schedule {scn.protocol.schedule!r} (before "
-                            f"asyncsim 0.3 it was the racing model, now \"race\"); "
-                            f"{_START_OVER}", file=str(folder))
-    return check_resume(folder, extra.get("scenario"), scn)
-
-
-def resume_from(folder: Path, scn: Scenario, num: Numerics, *, check: bool = True):
-    """The checkpoint ``folder`` resumes from (:func:`load_checkpoint`'s tuple), once it is
-    known to belong to ``scn`` (:func:`check_checkpoint`; ``check=False``: the caller has
-    checked it). A damaged checkpoint is a one-line :class:`~asyncsim._io.DamagedFile`."""
-    if check:
-        check_checkpoint(folder, scn)
-    template = num.init_state()
-    try:
-        return load_checkpoint(folder, template, template.params)
-    except DamagedFile:
-        raise
-    except (ValueError, KeyError, TypeError, IndexError) as e:  # arrays that do not fit
-        raise damaged(folder / CKPT, e, _START_OVER) from None
-
-
 class Driver:
     """The one driver of a run's numerics, whatever executes its updates.
 
@@ -270,7 +118,7 @@ class Driver:
                  evaluate: bool = True, checkpoints: bool = True,
                  record: dict[str, Any] | None = None):
         self.scn, self.num, self.folder = scn, num, folder
-        # The scenario as the folder records it, kept in every checkpoint (drivers.record).
+        # The scenario as the folder records it, kept in every checkpoint (drivers.folder_scenario).
         self.record = record
         self.hyper = dict(hyper or {})
         if start is not None:
@@ -491,6 +339,22 @@ class Driver:
         and, with a folder, every output file, ``summary.json`` last and once, so a folder
         with a summary has all of it. A diverged run's trace ends at its last applied
         update."""
+        trace, measured = self._final(trace)
+        rec, final = self.rec, self.state
+        evals = {k: [getattr(e, k) for e in rec.evals] for k in EvalRecord.__dataclass_fields__}
+        n = min(len(rec.losses), trace.num_updates)
+        upd = {k: v[:n] for k, v in trace.updates.items()}
+        upd["train_loss"] = np.asarray(update_means(rec.losses[:n]), np.float64)
+        summary = self._summary(trace, t0, kind, {**measured, **(extra or {})})
+        if compare is not None:
+            summary.update(compare(summary, final.params))
+        if self.folder is not None:
+            self._write_folder(trace, evals, upd, summary)
+        return RunResult(trace, summary, evals, upd, final.params, self.folder)
+
+    def _final(self, trace: Trace) -> tuple[Trace, dict[str, Any]]:
+        """The final check, evaluation and observation: the trace up to the last applied
+        update, and what the monitor measured."""
         self.check()
         self.close_progress()
         if self.stopped_at is not None:
@@ -508,12 +372,12 @@ class Driver:
             if self._observed != trace.num_updates:
                 self._observe(trace.num_updates)
             measured = self.monitor.finish(self)
-        num, rec, final = self.num, self.rec, self.state
-        evals = {k: [getattr(e, k) for e in rec.evals] for k in EvalRecord.__dataclass_fields__}
-        n = min(len(rec.losses), trace.num_updates)
-        upd = {k: v[:n] for k, v in trace.updates.items()}
-        upd["train_loss"] = np.asarray(update_means(rec.losses[:n]), np.float64)
-        last = rec.evals[-1]
+        return trace, measured
+
+    def _summary(self, trace: Trace, t0: float, kind: str,
+                 more: Mapping[str, Any]) -> dict[str, Any]:
+        """``summary.json``'s fields (``more``: the monitor's and the caller's, last)."""
+        num, final, last = self.num, self.state, self.rec.evals[-1]
         trace_figures = trace.summary()
         summary = {
             "name": self.scn.name, "seed": self.scn.seed, "kind": kind,
@@ -532,39 +396,23 @@ class Driver:
             # The loop's numbers, bit for bit: a scan or vmapped replay says False.
             "exact": True,
             **self._rates(trace_figures["staleness_mean"]),
-            **measured,
-            **(extra or {}),
+            **more,
         }
         if self.scn.run.eval_train:
             loss, err = num.evaluate(final.params, split="train")
             summary.update(final_train_error=float(err), final_train_set_loss=float(loss))
-        if compare is not None:
-            summary.update(compare(summary, final.params))
+        return summary
+
+    def _write_folder(self, trace: Trace, evals: dict[str, list], upd: dict[str, Any],
+                      summary: dict[str, Any]) -> None:
+        """Every output file, ``summary.json`` last and once; the checkpoint goes."""
         folder = self.folder
-        if folder is not None:
-            runs.add_provenance(folder, compilation_cache=compile_cache.stats())
-            trace.save(folder)
-            runs.atomic_write_text(folder / "eval.csv", csv_text(evals))
-            write_parquet(folder / "updates.parquet", upd)
-            save_params(folder, final.params)
-            runs.write_summary(folder, summary)
-            ck = folder / CKPT
-            if ck.exists():
-                ck.unlink()  # a complete run needs no checkpoint; final params are kept
-        return RunResult(trace, summary, evals, upd, final.params, folder)
-
-
-def save_params(folder: Path, params) -> None:
-    """``params.npz``: the final parameters, leaves named by their pytree path."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(params)
-    arrays = {jax.tree_util.keystr(p): np.asarray(x) for p, x in flat}
-    with atomic(folder / "params.npz") as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def load_params(folder: str | Path, template):
-    """The final parameters of a run folder, in the structure of ``template``."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(template)
-    z = read_npz(Path(folder) / "params.npz", what="the final parameters")
-    leaves = [jax.numpy.asarray(z[jax.tree_util.keystr(p)]) for p, _ in flat]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+        runs.add_provenance(folder, compilation_cache=compile_cache.stats())
+        trace.save(folder)
+        runs.atomic_write_text(folder / "eval.csv", csv_text(evals))
+        write_parquet(folder / "updates.parquet", upd)
+        save_params(folder, self.state.params)
+        runs.write_summary(folder, summary)
+        ck = folder / CKPT
+        if ck.exists():
+            ck.unlink()  # a complete run needs no checkpoint; final params are kept

@@ -19,17 +19,10 @@ from typing import Any
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import (
-    CKPT,
-    Driver,
-    Monitor,
-    RunResult,
-    check_checkpoint,
-    message_bytes,
-    numerics_for,
-    resume_from,
-)
-from asyncsim.drivers.record import start_folder
+from asyncsim.drivers.build import message_bytes, numerics_for
+from asyncsim.drivers.checkpoint import CKPT, check_checkpoint, resume_from
+from asyncsim.drivers.driver import Driver, Monitor, RunResult
+from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.limits import run_length

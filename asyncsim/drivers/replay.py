@@ -26,8 +26,9 @@ import numpy as np
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.batched import Batched
-from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
-from asyncsim.drivers.record import start_folder
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.driver import Driver, Monitor, RunResult
+from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics

@@ -2,9 +2,10 @@
 
 A trace's updates run as chunks of a ``lax.fori_loop`` inside one jitted program, with a
 device store that gives each gradient the parameters it read: the parameter versions later
-gradients still read (``store="versions"``: :func:`slot_plan`) or, for models with a dense
-input layer, pending gradients computed when the version they read is current
-(``store="gradients"``: :func:`pending_plan`, :class:`~asyncsim.numerics.models.DenseInput`).
+gradients still read (``store="versions"``: :func:`~.slots.slot_plan`) or, for models with a
+dense input layer, pending gradients computed when the version they read is current
+(``store="gradients"``: :func:`~.slots.pending_plan`,
+:class:`~asyncsim.numerics.models.DenseInput`).
 The same arithmetic as the loop path, compiled as one program: results agree with it to
 floating-point tolerance (1e-5), not bit for bit. It serves replay (:func:`replay_scan`) and
 vmapped sweeps (:mod:`asyncsim.drivers.vmapped`); whether it is faster than the loop
@@ -13,7 +14,6 @@ depends on the model and backend (README, Performance).
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,72 +26,14 @@ from jax import lax
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import Driver, Monitor, RunResult, numerics_for
-from asyncsim.drivers.record import start_folder
-from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory, last_use
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.driver import Driver, Monitor, RunResult
+from asyncsim.drivers.folder_scenario import start_folder
+from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory
+from asyncsim.drivers.slots import pending_inputs, pending_plan, slot_plan, versions_inputs
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.trace import Trace
-
-
-def slot_plan(trace: Trace) -> tuple[np.ndarray, int]:
-    """Where the scan path keeps each parameter version: ``(slot[m + 1], K)``.
-
-    Version r occupies a slot from its creation (update r - 1) through update
-    ``max(last_use[r], r)``; after that its slot is free for the next version. Slots are
-    handed out greedily in update order (interval colouring), which uses the fewest slots
-    possible: K equals the most versions alive at once. In an async trace a straggler
-    can push the maximum staleness S far above the number of learners while only about
-    one version per learner is ever alive, so K is usually much smaller than S + 1 (4 for
-    4 async learners whose S is 23): a K-slot buffer instead of the S + 1 ring costs less
-    memory and, on CPU, keeps the versions in cache (measured: the MLP scan step 13-25%
-    faster).
-    """
-    m = trace.num_updates
-    lu = np.maximum(last_use(trace), np.arange(m + 1))
-    order = np.argsort(lu, kind="stable")
-    ends = lu[order]
-    slot = np.zeros(m + 1, np.int32)
-    free: list[int] = []
-    n_slots = 1
-    k = 0
-    for v in range(m):
-        # Versions whose last reader is update v are read before v writes version v + 1.
-        while k < order.size and ends[k] <= v:
-            free.append(int(slot[order[k]]))
-            k += 1
-        if free:
-            slot[v + 1] = free.pop()
-        else:
-            slot[v + 1] = n_slots
-            n_slots += 1
-    return slot, n_slots
-
-
-def pending_plan(trace: Trace) -> tuple[np.ndarray, int]:
-    """Where the scan path's gradient store keeps each pending gradient: ``(slot[n], Q)``.
-
-    With ``store="gradients"`` gradient i is computed at the start of update r_i, its read
-    version (then the current parameters), and held until update a_i (its apply version)
-    takes it: it occupies a slot over [r_i, a_i]. Greedy colouring of these intervals by
-    start uses the fewest slots, Q = the most gradients pending at once (about the number
-    of learners in an async trace, whatever the maximum staleness).
-    """
-    g = trace.grads
-    r, a = g["read_version"], g["apply_version"]
-    slot = np.zeros(r.size, np.int32)
-    busy: list[tuple[int, int]] = []  # (last update that needs it, slot)
-    free: list[int] = []
-    q = 0
-    for i in np.lexsort((np.arange(r.size), r)):  # by read version, then trace order
-        while busy and busy[0][0] < r[i]:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        if free:
-            slot[i] = heapq.heappop(free)
-        else:
-            slot[i], q = q, q + 1
-        heapq.heappush(busy, (int(a[i]), int(slot[i])))
-    return slot, max(q, 1)
 
 
 def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None,
@@ -153,44 +95,6 @@ def check_chunk_monitor(monitor: Monitor | None) -> None:
                          "(asyncsim.drivers.replay.replay)")
 
 
-def _scan_inputs(trace: Trace, c: int, slot: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per-update scan inputs: learner, batch, slot read, staleness [m, c]; v and the slot
-    version v + 1 is written to [m] (``slot`` from :func:`slot_plan`)."""
-    m, g = trace.num_updates, trace.grads
-    return (g["learner"].reshape(m, c).astype(np.int32),
-            g["batch"].reshape(m, c).astype(np.int32),
-            slot[g["read_version"]].reshape(m, c).astype(np.int32),
-            g["staleness"].reshape(m, c).astype(np.int32),
-            np.arange(m, dtype=np.int32),
-            slot[1:].astype(np.int32))
-
-
-def _pending_inputs(trace: Trace, c: int, slot: np.ndarray,
-                    scratch: int) -> tuple[tuple[np.ndarray, ...], int]:
-    """Per-update inputs of the gradient store (``store="gradients"``) and R, the most
-    gradients that read one version: the number of gradients that read version v, their
-    learners, batches and pending slots [m, R] (an update without reads computes into slot
-    ``scratch``); learner, pending slot and staleness of the c gradients update v takes
-    [m, c] (its batch travels in the slot); v [m]."""
-    m, g = trace.num_updates, trace.grads
-    r = g["read_version"]
-    reads = np.bincount(r, minlength=m)[:m].astype(np.int32)  # every read is < m
-    R = max(int(reads.max(initial=0)), 1)
-    order = np.lexsort((np.arange(r.size), r))
-    first = np.concatenate([[0], np.cumsum(reads)[:-1]])
-    rank = np.arange(r.size) - first[r[order]]
-    cl, cb = np.zeros((m, R), np.int32), np.zeros((m, R), np.int32)
-    cs = np.full((m, R), scratch, np.int32)
-    cl[r[order], rank] = g["learner"][order]
-    cb[r[order], rank] = g["batch"][order]
-    cs[r[order], rank] = slot[order]
-    return (reads, cl, cb, cs,
-            g["learner"].reshape(m, c).astype(np.int32),
-            slot.reshape(m, c).astype(np.int32),
-            g["staleness"].reshape(m, c).astype(np.int32),
-            np.arange(m, dtype=np.int32)), R
-
-
 def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int, *,
                 points: int = 1,
                 vmapped: bool = False) -> tuple[Any, tuple[np.ndarray, ...], Any, dict[str, Any]]:
@@ -198,7 +102,7 @@ def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int,
     program, its per-update inputs, ``init(params) -> carry buffer`` and the summary's
     memory fields, after the memory check. ``store``: "auto" keeps pending gradients when
     something is stale and the model has a dense input layer
-    (:class:`~asyncsim.models.DenseInput`) whose kernel is at least 4x the bytes a pending
+    (:class:`~asyncsim.numerics.models.DenseInput`) whose kernel is at least 4x the bytes a pending
     gradient keeps (else copying versions costs less), else parameter versions;
     "versions" | "gradients" force one."""
     if store not in ("auto", "versions", "gradients"):
@@ -232,7 +136,7 @@ def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int,
     if store == "versions":
         need = K * num_params(shapes) * 4
         check_memory(K, trace, need * points, max_memory, points=points)
-        xs_all, reads = _scan_inputs(trace, c, vslot), 1
+        xs_all, reads = versions_inputs(trace, c, vslot), 1
 
         def init(params):
             return tm(lambda p: jnp.broadcast_to(p, (K, *p.shape)), params)
@@ -244,7 +148,7 @@ def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int,
         need = (Q + 1) * slot_bytes
         check_memory(Q + 1, trace, need * points, max_memory, points=points,
                       what="pending gradients")
-        xs_all, reads = _pending_inputs(trace, c, gslot, Q)
+        xs_all, reads = pending_inputs(trace, c, gslot, Q)
         K = Q + 1
 
         def init(params):
@@ -285,51 +189,49 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
     :mod:`asyncsim.stability.measured`.
     Compiled once per (Numerics, c, K, vmapped, store, reads, traces, growth) and chunk
     size L."""
-    # Why this is long: the bodies (versions store, gradient store) and the loops around them
-    # (losses, growth windows) are closures over one compiled program's constants: the model,
-    # the data on the device, c, K, the store; each is short and says what it does.
     cache = num.__dict__.setdefault("_scan_cache", {})
     key = (c, K, vmapped, store, reads, traces, growth)
     if key in cache:
         return cache[key]
+    update = (_pending_update(num, c, reads) if store == "gradients"
+              else _versions_update(num, c, K))
+    prog = (_growth_loop(update, store, growth) if growth is not None
+            else _losses_loop(update, c))
+    if vmapped:
+        prog = jax.vmap(prog, in_axes=(0, None, None))
+    if traces:
+        prog = jax.vmap(prog, in_axes=(0, 0, None))
+    # The carry is donated: XLA then updates and reads the buffer in place. Without it, reads
+    # from the (non-aliased) buffer cost ~40% of an MLP step on CPU (measured, 24 versions).
+    cache[key] = jax.jit(prog, donate_argnums=(0,))
+    return cache[key]
+
+
+def _read(buf, i):
+    """Slot ``i`` of a buffer of versions or pending gradients (a traced index)."""
+    return jax.tree_util.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), buf)
+
+
+def _row(xs, i):
+    """Row ``i`` of a chunk's per-update inputs (a traced index)."""
+    return tuple(lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs)
+
+
+def _versions_update(num: Numerics, c: int, K: int):
+    """One update of the version store: ``(state, buf), (l, b, r, t, v, w) -> (state, buf),
+    losses[c]``. The update's c gradients read their versions from ``buf[r]`` (the current
+    parameters when ``K == 1``: nothing is stale), the core applies them, and the new
+    version is written to ``buf[w]`` (:func:`slot_plan`)."""
     tm = jax.tree_util.tree_map
-    one = num.programs.one
-    core_apply = num.core.apply
+    one, core_apply = num.programs.one, num.core.apply
     x_all, y_all = num.x_train, num.y_train
-
-    def read(buf, i):
-        return tm(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), buf)
-
-    def pending_body(carry, xs):
-        st, buf = carry
-        n, cl, cb, cs, l, a, t, v = xs
-        parts_one, expand_one = num.programs.parts_one, num.programs.expand_one
-
-        def compute(j, buf):
-            out = parts_one(st.params, x_all, y_all, cl[j], cb[j])
-            return tm(lambda p, o: lax.dynamic_update_index_in_dim(p, o, cs[j], 0), buf, out)
-
-        # The first read is unconditional (an update without reads computes into the scratch
-        # slot) and only further reads loop: measured on the MLP row, a loop over all reads
-        # cost ~0.05 ms per update more, far more than the rare wasted gradient.
-        buf = compute(0, buf)
-        if reads > 1:
-            buf = lax.fori_loop(1, n, compute, buf)
-        losses = buf[0][a]
-        if c <= 4:
-            grads = tm(lambda *g: jnp.stack(g), *[
-                expand_one(read(buf[1], a[i]), x_all) for i in range(c)])
-        else:
-            grads = jax.vmap(expand_one, in_axes=(0, None))(tm(lambda p: p[a], buf[1]), x_all)
-        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
-        return (st, buf), losses
 
     def body(carry, xs):
         st, buf = carry
         l, b, r, t, v, w = xs
         if c <= 4:
             # K == 1 (no staleness): every gradient reads the current parameters, no copy.
-            read_c = [st.params if K == 1 else read(buf, r[i]) for i in range(c)]
+            read_c = [st.params if K == 1 else _read(buf, r[i]) for i in range(c)]
             outs = [one(p_i, x_all, y_all, l[i], b[i]) for i, p_i in enumerate(read_c)]
             losses = jnp.stack([o[0] for o in outs])
             grads = tm(lambda *a: jnp.stack(a), *[o[1] for o in outs])
@@ -354,7 +256,48 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
             buf = tm(lambda a, p: lax.dynamic_update_index_in_dim(a, p, w, 0), buf, st.params)
         return (st, buf), losses
 
-    fn = pending_body if store == "gradients" else body
+    return body
+
+
+def _pending_update(num: Numerics, c: int, reads: int):
+    """One update of the gradient store: ``(state, buf), (n, cl, cb, cs, l, a, t, v) ->
+    (state, buf), losses[c]``. First the ``n`` gradients that read this version are computed
+    at the current parameters into their pending slots ``cs`` (:func:`pending_plan`; up to
+    ``reads``), then the c pending gradients in slots ``a`` are expanded and applied."""
+    tm = jax.tree_util.tree_map
+    core_apply = num.core.apply
+    x_all, y_all = num.x_train, num.y_train
+    parts_one, expand_one = num.programs.parts_one, num.programs.expand_one
+
+    def pending_body(carry, xs):
+        st, buf = carry
+        n, cl, cb, cs, l, a, t, v = xs
+
+        def compute(j, buf):
+            out = parts_one(st.params, x_all, y_all, cl[j], cb[j])
+            return tm(lambda p, o: lax.dynamic_update_index_in_dim(p, o, cs[j], 0), buf, out)
+
+        # The first read is unconditional (an update without reads computes into the scratch
+        # slot) and only further reads loop: measured on the MLP row, a loop over all reads
+        # cost ~0.05 ms per update more, far more than the rare wasted gradient.
+        buf = compute(0, buf)
+        if reads > 1:
+            buf = lax.fori_loop(1, n, compute, buf)
+        losses = buf[0][a]
+        if c <= 4:
+            grads = tm(lambda *g: jnp.stack(g), *[
+                expand_one(_read(buf[1], a[i]), x_all) for i in range(c)])
+        else:
+            grads = jax.vmap(expand_one, in_axes=(0, None))(tm(lambda p: p[a], buf[1]), x_all)
+        st = core_apply(st, grads, staleness=t, learner_ids=l, step=v)
+        return (st, buf), losses
+
+    return pending_body
+
+
+def _losses_loop(update, c: int):
+    """The chunk program ``carry, xs, n -> carry, losses[L, c]``: ``update`` over the first
+    ``n`` rows of ``xs``, keeping each update's batch losses."""
 
     def chunk_fn(carry, xs, n):
         # A loop with a traced trip count over inputs padded to a fixed length: one compiled
@@ -365,20 +308,26 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
 
         def step(i, val):
             carry, losses = val
-            carry, lo = fn(carry, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
-                                        for a in xs))
+            carry, lo = update(carry, _row(xs, i))
             return carry, lax.dynamic_update_index_in_dim(losses, lo.astype(jnp.float32), i, 0)
 
         return lax.fori_loop(0, n, step, (carry, losses))
 
+    return chunk_fn
+
+
+def _growth_loop(update, store: str, growth: tuple[int, int, int]):
+    """The measured-edge chunk program ``(carry, (window_a, window_b)), xs, n -> ..., None``:
+    ``update`` over the first ``n`` rows, keeping the largest squared parameter norm over
+    updates [q1, q2) and from q3 on (``growth = (q1, q2, q3)``)."""
+    q1, q2, q3 = growth
+
     def growth_fn(carry, xs, n):
-        q1, q2, q3 = growth
         v_col = xs[-2] if store == "versions" else xs[-1]  # the update index of each row
 
         def step(i, val):
             inner, (wa, wb) = val
-            inner, _ = fn(inner, tuple(lax.dynamic_index_in_dim(a, i, keepdims=False)
-                                       for a in xs))
+            inner, _ = update(inner, _row(xs, i))
             v = v_col[i]
             sq = sum(jnp.sum(jnp.square(p)) for p in jax.tree_util.tree_leaves(inner[0].params))
             # NaN must win the max (a diverged lane), hence jnp.maximum, not fmax.
@@ -388,15 +337,7 @@ def _scan_program(num: Numerics, c: int, K: int, *, vmapped: bool, store: str = 
 
         return lax.fori_loop(0, n, step, carry), None
 
-    prog = growth_fn if growth is not None else chunk_fn
-    if vmapped:
-        prog = jax.vmap(prog, in_axes=(0, None, None))
-    if traces:
-        prog = jax.vmap(prog, in_axes=(0, 0, None))
-    # The carry is donated: XLA then updates and reads the buffer in place. Without it, reads
-    # from the (non-aliased) buffer cost ~40% of an MLP step on CPU (measured, 24 versions).
-    cache[key] = jax.jit(prog, donate_argnums=(0,))
-    return cache[key]
+    return growth_fn
 
 
 def run_chunks(run_chunk, carry, xs_all: tuple[np.ndarray, ...],
@@ -440,7 +381,7 @@ def growth_inputs(traces: Sequence[Trace]) -> tuple[tuple[np.ndarray, ...], int]
     if any(t.uniform_n_grads != 1 for t in traces):
         raise ValueError("growth_windows needs traces of one gradient per update")
     plans = [slot_plan(t) for t in traces]
-    per_trace = [_scan_inputs(t, 1, slot) for t, (slot, _) in zip(traces, plans, strict=True)]
+    per_trace = [versions_inputs(t, 1, slot) for t, (slot, _) in zip(traces, plans, strict=True)]
     return tuple(np.stack(cols) for cols in zip(*per_trace, strict=True)), max(k for _, k in plans)
 
 

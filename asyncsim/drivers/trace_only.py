@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import message_bytes
-from asyncsim.drivers.record import start_folder
+from asyncsim.drivers.build import message_bytes
+from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.limits import run_length

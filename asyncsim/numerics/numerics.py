@@ -1,11 +1,11 @@
-"""Numerics drivers: the online (SimPy) driver and the exact replay of a trace.
+"""A scenario's numerics programs: the gradient program and the update program every driver
+executes, with the model, the data set and the update core they close over.
 
-Both drive the same :class:`Numerics` object, whose :meth:`Numerics.update` executes one PS
-update from its timing record — the rows ``(learner, batch, read_version, staleness)`` of
-the gradients it took — with the shared update core (:mod:`asyncsim.core`). The online
-driver calls it from the SimPy run as updates happen; replay calls it in a plain loop over
-a saved trace. Same inputs, same jitted functions, same order: online and replay give
-bit-identical parameters on one machine.
+:meth:`Numerics.update` executes one PS update from its timing record -- the rows
+``(learner, batch, read_version, staleness)`` of the gradients it took -- with the shared
+update core (:mod:`asyncsim.numerics.core`). The online driver calls it from the SimPy run as
+updates happen; replay calls it in a plain loop over a saved trace. Same inputs, same jitted
+functions, same order: online and replay give bit-identical parameters on one machine.
 
 A gradient's inputs are fixed at pull time (the version read and the mini-batch
 ``batch_indices(seed, learner, batch)``), so gradients are computed lazily, when the update
@@ -21,7 +21,7 @@ per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,24 +31,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncsim._registry import path_options
-from asyncsim.config import Scenario, check_memory, physical_memory
-from asyncsim.errors import ScenarioError
+from asyncsim.config import DataConfig, ModelConfig, OptimizerConfig
 from asyncsim.numerics.core import CoreState, make_core
 from asyncsim.numerics.data import (
     Dataset,
     batch_indices,
     check_batch_size,
     dataset_factory,
-    get_dataset,
 )
-from asyncsim.numerics.models import (
-    Model,
-    expand_parts,
-    get_model,
-    grad_fn,
-    grad_parts,
-    num_params,
-)
+from asyncsim.numerics.models import Model, expand_parts, grad_fn, grad_parts
+from asyncsim.numerics.parts import build_dataset, build_model
 
 INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct from batches
 
@@ -72,92 +64,19 @@ def _to_device(a: np.ndarray) -> jax.Array:
     return jax.device_put(np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)))
 
 
-# Bytes a run holds per model parameter at the least: float32 parameters, one gradient and
-# the update's result (momentum buffers and stale versions add more).
-PARAM_BYTES = 3 * 4
-
-
-def build_model(scn: Scenario) -> Model:
-    """``scn``'s model; a refused option is a ScenarioError under ``model.*``, and so is a
-    model too big for this machine's memory (counted from its shapes, before any parameter
-    exists: ``model.hidden = [10**11]`` would abort XLA)."""
-    try:
-        model = get_model(scn.model.name, **scn.model.options)
-        _check_model_fits(model, scn.model.options)
-    except ScenarioError as e:
-        raise e.with_file(scn.source) from None
-    return model
-
-
-def _check_model_fits(model: Model, options: Any) -> None:
-    key = _size_option("model", options)
-    what = "the model does not fit in this machine's memory"
-    try:
-        count = num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
-    except (MemoryError, OverflowError, ValueError, TypeError) as e:
-        # The shapes alone are too big (numpy's and XLA's refusals of a dimension beyond
-        # 64 bits); a ValueError from a model with sizes that fit is the model's own.
-        have = physical_memory()
-        if isinstance(e, ValueError | TypeError) and not (
-                have is not None and 4 * _largest_int(options) > have):
-            raise
-        raise ScenarioError(key, f"{what} ({' '.join(str(e).split())[:120]})") from None
-    check_memory(key, count * PARAM_BYTES, f"{what}: its {count:,} parameters need",
-                 f" ({PARAM_BYTES} bytes each: float32 parameters, a gradient, the update)")
-
-
-def _size_option(section: str, options: Any) -> str:
-    """The key of the option that sets the size of a model or data set, for a refusal of
-    its size: the one holding the largest integer (``model.hidden = [10**11]``,
-    ``data.n_train``), else ``section``."""
-    sizes = {k: _largest_int(v) for k, v in options.items()}
-    top = max(sizes, key=sizes.__getitem__, default=None)
-    return f"{section}.{top}" if top is not None and sizes[top] > 0 else section
-
-
-def _largest_int(value: Any) -> int:
-    """The largest integer in an option's value (lists and tables searched), else 0."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return value
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, list | tuple):
-        return max((_largest_int(v) for v in value), default=0)
-    return 0
-
-
-def build_dataset(scn: Scenario) -> Dataset:
-    """``scn``'s data set; a refused option or a missing file is a ScenarioError under
-    ``data.*``."""
-    try:
-        # Relative file options (cifar10's path) resolve against the scenario's folder.
-        return get_dataset(scn.data.name, seed=scn.seed, base_dir=scn.base_dir,
-                           **scn.data.options)
-    except ScenarioError as e:
-        raise e.with_file(scn.source) from None
-    except ValueError as e:  # DataError: a missing file, a refused download
-        raise ScenarioError("data", str(e), file=scn.source) from None
-    except MemoryError as e:  # numpy's _ArrayMemoryError: one line, not 38
-        raise ScenarioError(_size_option("data", scn.data.options), f"the data set does not "
-                            f"fit in this machine's memory ({' '.join(str(e).split())[:120]})",
-                            file=scn.source) from None
-
-
 class Programs:
     """Model, device-resident data and the jitted gradient/eval functions of one
     (model, data, seed, batch size): shared by every Numerics with the same ones, so sweeps
     and tests compile them once."""
 
-    def __init__(self, model: Model, data: Dataset, scn: Scenario):
+    def __init__(self, model: Model, data: Dataset, *, seed: int, batch_size: int):
         self.model, self.data = model, data
         # Device-resident data, gathered inside jit by batch_indices.
         # (device_put, not jnp.asarray: no conversion program to compile per array.)
         self.x_train, self.y_train, self.x_test, self.y_test = (
             _to_device(a) for a in (data.x_train, data.y_train, data.x_test, data.y_test))
         vg = grad_fn(model)
-        seed, mu, n = scn.seed, scn.data.batch_size, int(data.x_train.shape[0])
+        mu, n = batch_size, int(data.x_train.shape[0])
 
         def one(params, x_all, y_all, learner, batch):
             idx = batch_indices(seed, learner, batch, mu, n)
@@ -201,16 +120,19 @@ _SHARED: dict[Any, Programs] = {}
 _SHARED_MAX = 4
 
 
-def _shared(scn: Scenario) -> Programs:
+def _shared(model: ModelConfig, data: DataConfig, *, seed: int, base_dir: Path | None,
+            source: str | None) -> Programs:
     # With a relative file option, the scenario's folder too: it names another file there.
-    files = path_options(dataset_factory(scn.data.name), scn.data.options)
-    where = str(scn.base_dir) if any(not Path(scn.data.options[k]).expanduser().is_absolute()
-                                     for k in files) else None
-    key = (scn.model.name, repr(sorted(scn.model.options.items())), scn.data.name,
-           repr(sorted(scn.data.options.items())), scn.seed, scn.data.batch_size, where)
+    files = path_options(dataset_factory(data.name), data.options)
+    where = str(base_dir) if any(not Path(data.options[k]).expanduser().is_absolute()
+                                 for k in files) else None
+    key = (model.name, repr(sorted(model.options.items())), data.name,
+           repr(sorted(data.options.items())), seed, data.batch_size, where)
     hit = _SHARED.pop(key, None)
     if hit is None:
-        hit = Programs(build_model(scn), build_dataset(scn), scn)
+        hit = Programs(build_model(model, source=source),
+                       build_dataset(data, base_dir, seed=seed, source=source),
+                       seed=seed, batch_size=data.batch_size)
     _SHARED[key] = hit  # most recently used last
     while len(_SHARED) > _SHARED_MAX:
         del _SHARED[next(iter(_SHARED))]
@@ -239,38 +161,43 @@ class EvalRecord:
 
 
 class Numerics:
-    """Model, data, update core and the jitted functions of one scenario.
+    """Model, data, update core and the jitted functions of a scenario's numerics parts.
 
     Args:
-        scn: the scenario.
+        model, data, optimizer: the scenario's ``[model]``, ``[data]`` and ``[optimizer]``.
+        seed: the scenario's seed (model init, batches, the data set).
+        num_learners: the cluster's learners (per-learner momentum buffers).
+        base_dir, source: the scenario file's folder (relative data paths resolve against
+            it) and the file (named in refusals).
         grouping: ``"none"`` | ``"version"`` | ``"auto"`` (see the module docstring).
         grads_per_update: gradients per PS update (the protocol's c, a timing fact the
-            drivers pass: :func:`asyncsim.drivers.driver.numerics_for`); needed only by
+            drivers pass: :func:`asyncsim.drivers.build.numerics_for`); needed only by
             epoch-based schedules, which convert epochs to updates with it.
         nominal_staleness: the protocol's nominal delay (a timing fact too); needed only by
             ``optimizer.lr_staleness = "nominal"``.
-        model, dataset: reuse already-built ones (sweeps share the data set).
+
+    The drivers build it from a scenario with :func:`asyncsim.drivers.build.numerics_for`;
+    programs of the same (model, data, seed, batch size) are shared, so sweeps and tests
+    compile them once.
     """
 
-    def __init__(self, scn: Scenario, *, grouping: str = "auto",
+    def __init__(self, model: ModelConfig, data: DataConfig, optimizer: OptimizerConfig, *,
+                 seed: int, num_learners: int, base_dir: Path | None = None,
+                 source: str | None = None, grouping: str = "auto",
                  grads_per_update: float | None = None,
-                 nominal_staleness: float | None = None,
-                 model: Model | None = None, dataset: Dataset | None = None):
-        self.scn = scn
-        shared = _shared(scn) if model is None and dataset is None else None
-        if shared is None:
-            shared = Programs(model or build_model(scn), dataset or build_dataset(scn), scn)
+                 nominal_staleness: float | None = None):
+        shared = _shared(model, data, seed=seed, base_dir=base_dir, source=source)
         self.model = shared.model
         self.data = shared.data
         self.n_train = int(self.data.x_train.shape[0])
-        self.mu = scn.data.batch_size
-        check_batch_size(self.mu, self.n_train, scn.data.name)
-        self.seed = scn.seed
+        self.mu = data.batch_size
+        check_batch_size(self.mu, self.n_train, data.name)
+        self.seed = seed
         # PS updates per pass over the train set: n_train / (mu * gradients per update).
         self.upe = (None if grads_per_update is None
                     else self.n_train / (self.mu * grads_per_update))
         self.nominal_staleness = nominal_staleness
-        self.core = make_core(scn.optimizer, num_learners=scn.cluster.learners,
+        self.core = make_core(optimizer, num_learners=num_learners,
                               updates_per_epoch=self.upe,
                               nominal_staleness=nominal_staleness)
         self.grouping = _default_grouping() if grouping == "auto" else grouping
@@ -285,7 +212,7 @@ class Numerics:
         core_apply = self.core.apply
         # Delay compensation reads the parameters each gradient was computed on: the
         # update programs then take them too (``reads``, one version per row).
-        self.compensates = scn.optimizer.compensation is not None
+        self.compensates = optimizer.compensation is not None
 
         def apply_stacked(state, grads, staleness, learner_ids, step, reads=()):
             return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,

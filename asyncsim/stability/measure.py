@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncsim import _io
-from asyncsim.config import Scenario, to_dict
+from asyncsim.config import MeasureConfig, Scenario, to_dict
 from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.trace_only import simulate
@@ -46,7 +46,7 @@ def monitor_for(scn: Scenario) -> Sharpness | None:
     m = scn.measure
     if not (m.initial_sharpness or m.final_sharpness or m.sharpness_points):
         return None
-    return Sharpness(scn)
+    return Sharpness.of(scn)
 
 
 def observes_along(scn: Scenario) -> bool:
@@ -64,27 +64,39 @@ def rate_at_tau(scn: Scenario) -> float:
 
 
 class Sharpness:
-    """The sharpness measurements of ``scn.measure`` (module docstring), as a Driver monitor.
+    """The sharpness measurements of a scenario's ``[measure]`` part (module docstring), as
+    a Driver monitor.
 
     Args:
-        every: updates between measurements along the run (default: ``run.updates //
-            measure.sharpness_points``; 0: none, only the initial and final ones).
-        samples, method, max_iter, tol: of the measurements along the run.
+        measure: what to measure (``[measure]``).
+        lr: the per-gradient rate at the protocol's delay (:func:`rate_at_tau`).
+        tau: the protocol's delay τ (None: it has none).
+        lr_rule: the optimizer's rule (its label goes into each row).
+        every: updates between measurements along the run (0: none, only the initial and
+            final ones).
+        samples, method, max_iter, tol: of the measurements along the run (``samples``
+            default: ``measure.sharpness_samples``).
     """
 
-    def __init__(self, scn: Scenario, *, every: int | None = None,
-                 samples: int | None = None, method: str = "lanczos", max_iter: int = 30,
-                 tol: float = 1e-4):
-        self.scn = scn
+    def __init__(self, measure: MeasureConfig, *, lr: float, tau: int | None,
+                 lr_rule: Any, every: int = 0, samples: int | None = None,
+                 method: str = "lanczos", max_iter: int = 30, tol: float = 1e-4):
+        self.measure = measure
+        self.every = every
+        self.samples = samples or measure.sharpness_samples
+        self.method, self.max_iter, self.tol = method, max_iter, tol
+        self.lr, self.tau, self.lr_rule = lr, tau, lr_rule
+        self.rows: list[dict[str, Any]] = []
+
+    @classmethod
+    def of(cls, scn: Scenario, *, every: int | None = None, **kw: Any) -> Sharpness:
+        """The monitor of ``scn``'s parts; ``every`` defaults to ``run.updates //
+        measure.sharpness_points`` (0 without points)."""
         m = scn.measure
         if every is None:  # the scenario validator requires run.updates with points
             every = max(1, scn.run.updates // m.sharpness_points) if observes_along(scn) else 0
-        self.every = every
-        self.samples = samples or m.sharpness_samples
-        self.method, self.max_iter, self.tol = method, max_iter, tol
-        self.lr = rate_at_tau(scn)
-        self.tau = scn.protocol.tau
-        self.rows: list[dict[str, Any]] = []
+        return cls(m, lr=rate_at_tau(scn), tau=scn.protocol.tau,
+                   lr_rule=scn.optimizer.lr_rule, every=every, **kw)
 
     def _batch(self, driver: Driver):
         num = driver.num
@@ -100,7 +112,7 @@ class Sharpness:
                         max_iter=self.max_iter, tol=self.tol) if math.isfinite(loss) else math.nan)
         e = edge(self.tau) if self.tau is not None else math.nan
         self.rows.append({"update": version, "sharpness": sh, "train_loss": loss, "lr": self.lr,
-                          "tau": self.tau, "lr_rule": rule_label(self.scn.optimizer.lr_rule),
+                          "tau": self.tau, "lr_rule": rule_label(self.lr_rule),
                           "edge": e,
                           "bound": e / self.lr, "sync_bound": 2.0 / self.lr,
                           "eta_lambda": self.lr * sh, "diverged": False})
@@ -120,7 +132,7 @@ class Sharpness:
         return pd.DataFrame(self.rows)
 
     def finish(self, driver: Driver) -> dict[str, Any]:
-        m, model = self.scn.measure, driver.num.model
+        m, model = self.measure, driver.num.model
         x, y = self._batch(driver)
         out: dict[str, Any] = {}
         if m.initial_sharpness:
@@ -151,8 +163,8 @@ def sharpness_trajectory(scn: Scenario, *, every: int = 50, samples: int = 512,
         (the rate at the protocol's delay τ), tau, lr_rule, edge (2 sin(π/(4τ+2))), bound
         (edge / lr), sync_bound (2 / lr), eta_lambda (lr · sharpness), diverged.
     """
-    monitor = Sharpness(scn, every=every, samples=samples, method="power", max_iter=max_iter,
-                        tol=tol)
+    monitor = Sharpness.of(scn, every=every, samples=samples, method="power",
+                           max_iter=max_iter, tol=tol)
     replay(scn, simulate(scn), monitor=monitor)
     return monitor.table
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import numerics_for
+from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.scan import growth_inputs, growth_windows
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.numerics.numerics import Numerics

@@ -3,7 +3,7 @@
 A learner loops (P1's system model): pull the weights (the PS reads its version *when it
 serves the pull*; that is the gradient's ``read_version``), wait for the pull link, compute
 for a sampled time, push through the push link (a blocking send, like P1's MPI calls), then
-pull again. The protocol (:mod:`asyncsim.protocols`) decides when the PS updates and which
+pull again. The protocol (:mod:`asyncsim.timing.protocols`) decides when the PS updates and which
 gradients each update takes. Nothing here looks at gradient values: the same run with or
 without numerics has the same timeline.
 

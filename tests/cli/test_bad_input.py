@@ -214,7 +214,7 @@ def test_a_run_folder_records_only_the_parameters_its_protocol_takes(tmp_path):
     fixed-delay run's does. Folders written before (with them) still count as the same."""
     import tomllib
 
-    from asyncsim.drivers.record import scenario_changes
+    from asyncsim.drivers.folder_scenario import scenario_changes
     from asyncsim.scenario import load_scenario
 
     for protocol, kept in (({"kind": "softsync", "n": 1}, False),

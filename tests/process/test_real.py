@@ -37,8 +37,8 @@ from asyncsim.drivers.real import (  # noqa: E402
     shutdown_ray,
     watchdog,
 )
-from asyncsim.drivers.real.actors import thread_counts  # noqa: E402
 from asyncsim.drivers.real.run import numerics_env  # noqa: E402
+from asyncsim.drivers.real.threads import thread_counts  # noqa: E402
 from asyncsim.numerics import core  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402

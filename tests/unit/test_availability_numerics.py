@@ -14,9 +14,9 @@ import pytest
 
 from asyncsim.api import replay, run, simulate, trace_run
 from asyncsim.cli import main
+from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.replay import replay as loop_replay
 from asyncsim.drivers.scan import replay_scan
-from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
 from asyncsim.sweep import plan, run_sweep
 from asyncsim.testing import check_trace
@@ -154,7 +154,7 @@ def test_two_online_runs_under_churn_are_identical(num_cache, tiny):
     scn = tiny(protocol={"kind": "ssp", "s": 1},
                optimizer={"lr": 0.03, "momentum": {"kind": "heavy-ball", "beta": 0.9}})
     a = run(scn, numerics=num_cache(scn))
-    b = run(scn, numerics=Numerics(scn))  # fresh jit caches too
+    b = run(scn, numerics=numerics_for(scn))  # fresh jit caches too
     assert a.trace.num_down > 0
     assert a.summary["trace_hash"] == b.summary["trace_hash"] == b.trace.hash()
     assert a.summary["param_hash"] == b.summary["param_hash"]

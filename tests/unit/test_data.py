@@ -1,4 +1,4 @@
-"""Tests of asyncsim.data: synthetic-cifar, batch sampling, the CIFAR10 loader and download.
+"""Tests of asyncsim.numerics.data: synthetic-cifar, batch sampling, the CIFAR10 loader and download.
 
 No test touches the internet: the CIFAR10 tests build a tiny tarball in the real format in
 tmp_path and serve it from a loopback HTTP server.
@@ -87,8 +87,8 @@ def test_batch_larger_than_the_train_set_is_refused(fresh_registries):
     """A mini-batch draws without replacement from one pass, so batch_size <= n_train: the
     scenario check refuses more when n_train is declared (given, or the factory's default),
     and the engine when only the built data set knows its size."""
+    from asyncsim.drivers.build import numerics_for
     from asyncsim.errors import ScenarioError
-    from asyncsim.numerics.numerics import Numerics
     from asyncsim.scenario import load_scenario
 
     def scn(data):
@@ -109,7 +109,7 @@ def test_batch_larger_than_the_train_set_is_refused(fresh_registries):
 
     late = scn({"name": "plug-sized", "size": 8, "batch_size": 9})  # size unknown until built
     with pytest.raises(ScenarioError, match="is 9, more than the 8 training samples"):
-        Numerics(late)
+        numerics_for(late)
 
 
 def test_synthetic_shapes_dtypes_balance(small):
@@ -390,7 +390,7 @@ def test_cifar10_url_and_sha256_are_refused_in_a_scenario(tmp_path, option, valu
     """What is downloaded and trusted is never a scenario file's choice: data.url and
     data.sha256 are refused in one line under their key, pointing to the environment."""
     from asyncsim.errors import ScenarioError
-    from asyncsim.numerics.numerics import build_dataset
+    from asyncsim.numerics.parts import build_dataset
     from asyncsim.scenario import load_scenario
 
     path = tmp_path / "s.toml"
@@ -398,7 +398,8 @@ def test_cifar10_url_and_sha256_are_refused_in_a_scenario(tmp_path, option, valu
                                     f'download = true\ncache_dir = "cache"\n'
                                     f'{option} = "{value}"\n')
     with pytest.raises(ScenarioError) as e:
-        build_dataset(load_scenario(path))
+        loaded = load_scenario(path)
+        build_dataset(loaded.data, loaded.base_dir, seed=loaded.seed, source=loaded.source)
     msg = str(e.value)
     assert msg.startswith(f"{path}: data.{option}: cannot be set in a scenario"), msg
     assert "ASYNCSIM_CIFAR10_URL" in msg and "ASYNCSIM_CIFAR10_SHA256" in msg
@@ -412,7 +413,7 @@ def test_cifar10_url_and_sha256_are_refused_in_a_scenario(tmp_path, option, valu
 def test_cifar10_relative_paths_resolve_against_the_scenario_folder(tmp_path, monkeypatch):
     """``path`` and ``cache_dir`` are paths like a delay's CSV: relative ones resolve against
     the scenario file's folder (its base_dir), not the working directory."""
-    from asyncsim.numerics.numerics import build_dataset
+    from asyncsim.numerics.parts import build_dataset
     from asyncsim.scenario import load_scenario
 
     folder = tmp_path / "scenario"
@@ -428,9 +429,10 @@ def test_cifar10_relative_paths_resolve_against_the_scenario_folder(tmp_path, mo
     assert scn.base_dir == folder
     d = get_dataset(scn.data.name, seed=scn.seed, base_dir=scn.base_dir, **scn.data.options)
     _check_loaded(d, batches)
-    _check_loaded(build_dataset(scn), batches)  # what every driver builds
+    # What every driver builds.
+    _check_loaded(build_dataset(scn.data, scn.base_dir, seed=scn.seed), batches)
     # A run folder records the path absolute (the data set is too big to copy).
-    from asyncsim.drivers.record import folder_scenario
+    from asyncsim.drivers.folder_scenario import folder_scenario
 
     assert folder_scenario(scn)[0]["data"]["path"] == str(folder / "cifar-10-python.tar.gz")
     with pytest.raises(DataError, match=f"CIFAR10 path {elsewhere / 'cifar-10-python'}"):

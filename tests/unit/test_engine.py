@@ -18,13 +18,14 @@ from hypothesis import HealthCheck, given, settings
 
 from asyncsim import testing
 from asyncsim.api import replay_folder, run, simulate
-from asyncsim.drivers.driver import load_params
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.checkpoint import load_params
 from asyncsim.drivers.replay import ReplayMemoryError, last_use, replay
-from asyncsim.drivers.scan import pending_plan, replay_scan, slot_plan
+from asyncsim.drivers.scan import replay_scan
+from asyncsim.drivers.slots import pending_plan, slot_plan
 from asyncsim.drivers.vmapped import replay_vmapped
 from asyncsim.numerics.core import param_hash
 from asyncsim.numerics.data import batch_indices
-from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
 from asyncsim.testing import check_trace
 from asyncsim.trace import Trace
@@ -144,7 +145,7 @@ def test_one_scan_program_serves_every_chunk_length(tiny):
     updates) run the same compiled program: its inputs are padded to the chunk size and
     the loop's trip count is an argument."""
     scn = tiny(run={"updates": 40, "eval_every": 7})  # chunks of 7 and a tail of 5
-    num = Numerics(scn)  # its own program cache, whatever other tests compiled
+    num = numerics_for(scn)  # its own program cache, whatever other tests compiled
     trace = simulate(scn)
     full = replay_scan(scn, trace, numerics=num)
     short = replay_scan(scn, trace.truncate(12), numerics=num, chunk=512)
@@ -262,7 +263,7 @@ def test_scan_keeps_only_the_live_versions_of_a_straggler_trace(num_cache, tiny)
 def test_same_scenario_same_param_hash(num_cache, tiny):
     scn = tiny(protocol={"kind": "softsync", "n": 3})
     a = run(scn, numerics=num_cache(scn))
-    b = run(scn, numerics=Numerics(scn))  # fresh jit caches too
+    b = run(scn, numerics=numerics_for(scn))  # fresh jit caches too
     assert a.summary["param_hash"] == b.summary["param_hash"]
     assert a.summary["trace_hash"] == b.summary["trace_hash"]
 
@@ -486,13 +487,13 @@ def test_unfinished_folder_needs_resume(tmp_path, tiny):
 
 def test_the_first_evaluation_computes_while_the_run_goes_on_and_is_the_same(tiny):
     """The driver dispatches the evaluation of the initial parameters and fetches it at the
-    next evaluation (asyncsim.drivers.recorder.Recorder.evaluate_later): its row is the
+    next evaluation (asyncsim.drivers.metrics.Recorder.evaluate_later): its row is the
     one an evaluation waited for gives, to the bit, and comes first; so are the chunked
     evaluation's, dispatched whole and summed later."""
     scn = tiny(run={"updates": 6, "eval_every": 3, "eval_samples": 150})
     res = run(scn)
     assert list(res.evals["version"]) == [0, 3, 6]
-    num = Numerics(scn)
+    num = numerics_for(scn)
     params = num.init_params()
     loss, err = num.evaluate(params, samples=150)
     row = res.evals.iloc[0]
@@ -504,7 +505,7 @@ def test_the_first_evaluation_computes_while_the_run_goes_on_and_is_the_same(tin
 
 
 def test_a_recorder_adds_an_evaluation_computing_before_any_later_one():
-    from asyncsim.drivers.recorder import Recorder
+    from asyncsim.drivers.metrics import Recorder
     from asyncsim.numerics.numerics import EvalRecord
 
     def rec(v):

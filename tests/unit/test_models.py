@@ -1,4 +1,4 @@
-"""Tests of asyncsim.models: shapes, parameter counts, gradients, LRN, the registry."""
+"""Tests of asyncsim.numerics.models: shapes, parameter counts, gradients, LRN, the registry."""
 
 from __future__ import annotations
 

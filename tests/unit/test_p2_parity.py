@@ -27,7 +27,7 @@ import pytest
 from p2_official import cifar_regime, run_official, schedule_staleness
 
 from asyncsim.api import run, simulate
-from asyncsim.drivers.driver import numerics_for
+from asyncsim.drivers.build import numerics_for
 from asyncsim.scenario import load_scenario
 
 LR = 0.003  # every case below stays bounded (at 0.005 heavy ball at tau = 4 grows over 100x)

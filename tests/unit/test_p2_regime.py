@@ -17,7 +17,7 @@ import pytest
 from conftest import TINY, merged
 
 import asyncsim
-from asyncsim.drivers.driver import numerics_for
+from asyncsim.drivers.build import numerics_for
 from asyncsim.scenario import load_scenario
 
 FIXED4 = {**TINY, "protocol": {"kind": "fixed-delay", "tau": 4}, "cluster": {},
@@ -107,8 +107,9 @@ def test_a_trace_or_checkpoint_of_the_old_normal_schedule_is_not_reused(tmp_path
     for folder in (shared, out / "p000", out / "p001"):
         assert Trace.load(folder).meta["timing_revision"] == "normal=phi-draw"
     # A checkpoint made before the mark existed is refused; one with it resumes.
-    from asyncsim.drivers.driver import Recorder, check_checkpoint, save_checkpoint
-    from asyncsim.drivers.record import folder_scenario
+    from asyncsim.drivers.checkpoint import check_checkpoint, save_checkpoint
+    from asyncsim.drivers.folder_scenario import folder_scenario
+    from asyncsim.drivers.metrics import Recorder
 
     scn = load_scenario(raw)
     num = numerics_for(scn)
@@ -195,7 +196,8 @@ def test_torch_style_runs_through_every_executor(tmp_path):
     assert read_summary(tmp_path / "exact" / "p001")["param_hash"] == online.summary[
         "param_hash"]
     # The checkpoint keeps which buffers have started (learners 0..2 here, all of them).
-    from asyncsim.drivers.driver import Recorder, load_checkpoint, save_checkpoint
+    from asyncsim.drivers.checkpoint import load_checkpoint, save_checkpoint
+    from asyncsim.drivers.metrics import Recorder
 
     num = numerics_for(scn)
     state = num.init_state()

@@ -19,14 +19,10 @@ import pytest
 from conftest import TINY, merged
 
 from asyncsim.api import replay_folder, run
-from asyncsim.drivers.driver import (
-    CKPT,
-    Observer,
-    Recorder,
-    load_checkpoint,
-    load_params,
-    save_checkpoint,
-)
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.checkpoint import CKPT, load_checkpoint, load_params, save_checkpoint
+from asyncsim.drivers.driver import Observer
+from asyncsim.drivers.metrics import Recorder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay
@@ -73,7 +69,8 @@ def assert_leaves_equal(a, b):
 def optax_trajectory(scn, trace: Trace, tx):
     """Step ``tx`` ourselves on the gradients of the trace's (learner, batch) sequence, each
     computed with Numerics.grad at the reference's own parameters (one learner: tau = 0)."""
-    num = Numerics(scn, grads_per_update=1)
+    num = Numerics(scn.model, scn.data, scn.optimizer, seed=scn.seed,
+                   num_learners=scn.cluster.learners, grads_per_update=1)
     params = num.init_params()
     state = tx.init(params)
 
@@ -113,7 +110,7 @@ def test_transform_at_zero_delay_is_optax_bit_for_bit(transform, reference):
     assert param_hash(ref) == res.summary["param_hash"]
     assert_leaves_equal(ref, res.params)
     # Not vacuous: the run moved the weights by far more than a rounding error.
-    assert max_abs_diff(res.params, Numerics(scn).init_params()) > 0.05
+    assert max_abs_diff(res.params, numerics_for(scn).init_params()) > 0.05
 
 
 def test_adam_at_zero_delay_is_optax_adam():
@@ -162,7 +159,7 @@ class Hand:
     """
 
     def __init__(self, scn, weight, compensate=None, *, tx=None, wd: float = 0.0):
-        self.num = Numerics(scn)
+        self.num = numerics_for(scn)
         self.p0 = self.num.init_params()
         self.treedef = jax.tree_util.tree_structure(self.p0)
         self.weight, self.compensate, self.tx, self.wd = weight, compensate, tx, wd
@@ -541,7 +538,7 @@ def test_resume_keeps_the_transform_and_compensation_state(tmp_path):
     with pytest.raises(_Killed):
         run(scn, out=killed, monitor=Observer(die), progress=False)
     assert not (killed / "summary.json").exists()
-    template = Numerics(scn).init_state()
+    template = numerics_for(scn).init_state()
     version, state, _, _, _ = load_checkpoint(killed, template, template.params)
     assert version == 10
     assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(template)
@@ -556,7 +553,7 @@ def test_resume_keeps_the_transform_and_compensation_state(tmp_path):
 def test_checkpoint_round_trip_of_a_state_with_opt_state_and_comp(tmp_path):
     scn = scenario({"lr": 0.01, "transform": {"name": "rmsprop", "momentum": 0.5},
                     "compensation": {"kind": "dc-asgd-a"}}, SOFTSYNC)
-    num = Numerics(scn)
+    num = numerics_for(scn)
     state = num.init_state()
     versions = {0: state.params}
     trace = run(scn, progress=False).trace

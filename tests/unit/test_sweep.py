@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from asyncsim.api import simulate
+from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.replay import replay
 from asyncsim.drivers.vmapped import replay_vmapped
-from asyncsim.numerics.numerics import Numerics
 from asyncsim.scenario import load_scenario
 from asyncsim.sweep import plan, run_sweep
 
@@ -36,7 +36,7 @@ def test_vmapped_member_equals_single_replay(path, proto):
         opt["momentum"] = {"kind": "shifted", "beta": 0.8}
     scn = load_scenario({**BASE, "protocol": proto, "optimizer": opt})
     trace = simulate(scn)
-    num = Numerics(scn)
+    num = numerics_for(scn)
     # Stable settings: in a diverging run any roundoff difference grows without bound.
     hypers = [{"lr": 0.01}, {"lr": 0.05, "beta": 0.5}, {"lr": 0.03, "weight_decay": 1e-3}]
     vm = replay_vmapped(scn, trace, hypers, numerics=num, path=path)

@@ -1,6 +1,6 @@
 """Starting real runs: the Ray connection, the actors' settings, :func:`real_run`, and Ray
-as an executor of a sweep's points (:func:`ray_executor`). See :mod:`.actors` for what the
-learner and PS actors do.
+as an executor of a sweep's points (:func:`ray_executor`). See :mod:`.learner` and :mod:`.ps`
+for what the learner and PS actors do.
 """
 
 from __future__ import annotations
@@ -16,21 +16,23 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import CKPT, check_checkpoint
+from asyncsim.drivers.checkpoint import CKPT, check_checkpoint
+from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.drivers.plugins import install_plugins, pack_plugins
 from asyncsim.drivers.real import watchdog
-from asyncsim.drivers.real.actors import (
-    LearnerImpl,
-    PSHost,
-    RealRunError,
-    thread_counts,
-)
-from asyncsim.drivers.record import start_folder
+from asyncsim.drivers.real.learner import LearnerImpl
+from asyncsim.drivers.real.ps import PSHost
+from asyncsim.drivers.real.threads import thread_counts
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.limits import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
+
+
+class RealRunError(RuntimeError):
+    """A real run stopped before its end (e.g. the PS died); the folder can be resumed."""
+
 
 # ----------------------------------------------------------------------------- Ray setup
 _GUARD: watchdog.Guard | None = None
@@ -146,7 +148,7 @@ def numerics_env(threads: int | None = None) -> dict[str, str]:
     A gradient's last bits depend on XLA's CPU thread pool, which XLA sizes from
     ``PJRT_NPROC`` or else from the process's CPU affinity (not from ``OMP_NUM_THREADS``),
     and the synthetic data sets on numpy's BLAS threads (``OPENBLAS_NUM_THREADS`` /
-    ``OMP_NUM_THREADS``, capped at the affinity); see :func:`.actors.thread_counts`. So a
+    ``OMP_NUM_THREADS``, capped at the affinity); see :func:`.threads.thread_counts`. So a
     worker gets both counts of this process explicitly (``threads``: both set to that
     instead), whatever its own affinity and whatever Ray sets (``OMP_NUM_THREADS=1``), plus
     this process's ``JAX_*``/``XLA_*`` variables (``XLA_FLAGS`` can change the programs) and

@@ -231,7 +231,7 @@ def normals(key: jax.Array, shapes: Sequence[Sequence[int] | None]) -> list:
     """float32 ``N(0, 1)`` draws: entry ``i`` is ``jax.random.normal(keys[i], shapes[i])``
     with ``keys = jax.random.split(key, len(shapes))``, or None where ``shapes[i]`` is None
     (that key is left unused). One compiled program for all of them, the same bits as the
-    draws one by one (tests/test_models.py); host arrays, or tracers when ``key`` is traced
+    draws one by one (tests/unit/test_models.py); host arrays, or tracers when ``key`` is traced
     (an init under ``jax.eval_shape`` or ``jit``)."""
     shapes = tuple(None if s is None else tuple(int(d) for d in s) for s in shapes)
     if isinstance(key, jax.core.Tracer):

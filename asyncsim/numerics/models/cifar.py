@@ -131,13 +131,10 @@ def cifar10_full(*, lrn: bool = True, init: str = "he", num_classes: int = 10) -
 # --------------------------------------------------------------------------------------------
 
 
-def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model:
-    """He et al. (2016) CIFAR ResNet with 6n+2 layers and option-A (zero-pad) shortcuts."""
-    width = integer("width", width)
-    norm = choice("norm", norm, ("batch", "none"))
-    num_classes = integer("num_classes", num_classes)
-    chans = [16 * width, 32 * width, 64 * width]
-    # (layer name, cin, cout, stride, is the last conv of a residual branch)
+def _resnet_layers(n: int, chans: list[int]):
+    """The convolutions ``(layer name, cin, cout, stride, is the last conv of a residual
+    branch)`` and the residual blocks ``(prefix, cin, cout, stride)`` of a 6n+2-layer CIFAR
+    ResNet with stage widths ``chans``."""
     convs: list[tuple[str, int, int, int, bool]] = [("conv_in", 3, chans[0], 1, False)]
     blocks: list[tuple[str, int, int, int]] = []
     cin = chans[0]
@@ -149,6 +146,16 @@ def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model
             convs.append((f"{prefix}_conv2", cout, cout, 1, True))
             blocks.append((prefix, cin, cout, stride))
             cin = cout
+    return convs, blocks
+
+
+def _resnet(name: str, n: int, width: int, norm: str, num_classes: int) -> Model:
+    """He et al. (2016) CIFAR ResNet with 6n+2 layers and option-A (zero-pad) shortcuts."""
+    width = integer("width", width)
+    norm = choice("norm", norm, ("batch", "none"))
+    num_classes = integer("num_classes", num_classes)
+    chans = [16 * width, 32 * width, 64 * width]
+    convs, blocks = _resnet_layers(n, chans)
     num_blocks = len(blocks)
 
     def init_fn(key: jax.Array) -> PyTree:

@@ -59,45 +59,14 @@ def mlp(
       flattening, e.g. 32x32x3 -> 8x8x3 = 192 features at ``k = 4``: a cheap low-dimensional
       input for CPU-scale studies. ``input_shape`` stays the un-pooled shape.
     """
-    # Why this is long: one factory builds the model's pure functions (init, features,
-    # apply, the two losses and their dense-input heads) as closures over its options.
-    empty = isinstance(hidden, Sequence) and not isinstance(hidden, str) and len(hidden) == 0
-    hidden = () if empty else shape("hidden", hidden)
-    if len(hidden) > MAX_HIDDEN_LAYERS:
-        # XLA compiles one fused step per layer: thousands of layers take minutes to compile
-        # (or abort) long before any gradient, so refuse at the scenario instead
-        raise ValueError(
-            f"hidden: at most {MAX_HIDDEN_LAYERS} layers, got {len(hidden)}")
-    input_shape = shape("input_shape", input_shape)
-    num_classes = integer("num_classes", num_classes)
-    activation = choice("activation", activation, ("relu", "tanh"))
-    loss_kind = choice("loss", loss, ("xent", "mse"))
+    hidden, input_shape, num_classes, activation, loss_kind, pool = _mlp_options(
+        hidden, input_shape, num_classes, activation, loss, input_pool)
     act = jax.nn.relu if activation == "relu" else jnp.tanh
     hidden_gain = 1.0 if activation == "relu" else math.sqrt(0.5)
-    pool = integer("input_pool", input_pool)
-    if pool > 1 and (len(input_shape) != 3 or input_shape[0] % pool or input_shape[1] % pool):
-        raise ValueError(f"input_pool: {pool} needs input_shape (H, W, C) with H and W "
-                         f"divisible by it, got {input_shape}")
-    n_in = int(np.prod(input_shape)) // (pool * pool)
-    sizes = [n_in, *hidden, num_classes]
+    sizes = [int(np.prod(input_shape)) // (pool * pool), *hidden, num_classes]
     names = [f"dense{i + 1}" for i in range(len(sizes) - 2)] + ["fc"]
-
-    def init_fn(key: jax.Array) -> PyTree:
-        draws = normals(key, list(zip(sizes[:-1], sizes[1:], strict=True)))
-        return {
-            name: {
-                "w": scaled(scaled(n01, he_std(a)),
-                            hidden_gain if name != "fc" else math.sqrt(0.5)),
-                "b": zeros((b,)),
-            }
-            for n01, name, a, b in zip(draws, names, sizes[:-1], sizes[1:], strict=True)
-        }
-
-    def features(x: jax.Array) -> jax.Array:
-        if pool > 1:
-            hh, ww, cc = input_shape
-            x = x.reshape(x.shape[0], hh // pool, pool, ww // pool, pool, cc).mean(axis=(2, 4))
-        return x.reshape(x.shape[0], -1)
+    init_fn = _dense_init(sizes, names, hidden_gain)
+    features = _pooled_features(input_shape, pool)
 
     def from_first(params: PyTree, z: jax.Array) -> jax.Array:
         """Logits from the first layer's pre-activation z (params[names[0]] unused)."""
@@ -129,6 +98,59 @@ def mlp(
 
     return Model("mlp", init_fn, apply, mse, input_shape, num_classes,
                  dense_input=DenseInput(names[0], features, mse_head))
+
+
+def _mlp_options(hidden, input_shape, num_classes, activation, loss, input_pool):
+    """The checked options of an :func:`mlp`, in its order (the first wrong one is
+    refused)."""
+    empty = isinstance(hidden, Sequence) and not isinstance(hidden, str) and len(hidden) == 0
+    hidden = () if empty else shape("hidden", hidden)
+    if len(hidden) > MAX_HIDDEN_LAYERS:
+        # XLA compiles one fused step per layer: thousands of layers take minutes to compile
+        # (or abort) long before any gradient, so refuse at the scenario instead
+        raise ValueError(
+            f"hidden: at most {MAX_HIDDEN_LAYERS} layers, got {len(hidden)}")
+    input_shape = shape("input_shape", input_shape)
+    num_classes = integer("num_classes", num_classes)
+    activation = choice("activation", activation, ("relu", "tanh"))
+    loss_kind = choice("loss", loss, ("xent", "mse"))
+    pool = integer("input_pool", input_pool)
+    if pool > 1 and (len(input_shape) != 3 or input_shape[0] % pool or input_shape[1] % pool):
+        raise ValueError(f"input_pool: {pool} needs input_shape (H, W, C) with H and W "
+                         f"divisible by it, got {input_shape}")
+    return hidden, input_shape, num_classes, activation, loss_kind, pool
+
+
+def _dense_init(sizes: list[int], names: list[str], hidden_gain: float):
+    """``init(key)`` of dense layers ``sizes[i] -> sizes[i + 1]`` named ``names``: weights
+    He-normal times ``hidden_gain`` (the output layer ``fc`` times ``sqrt(0.5)``), zero
+    biases."""
+
+    def init_fn(key: jax.Array) -> PyTree:
+        draws = normals(key, list(zip(sizes[:-1], sizes[1:], strict=True)))
+        return {
+            name: {
+                "w": scaled(scaled(n01, he_std(a)),
+                            hidden_gain if name != "fc" else math.sqrt(0.5)),
+                "b": zeros((b,)),
+            }
+            for n01, name, a, b in zip(draws, names, sizes[:-1], sizes[1:], strict=True)
+        }
+
+    return init_fn
+
+
+def _pooled_features(input_shape: tuple[int, ...], pool: int):
+    """The flattened input of a batch, average-pooled over ``pool x pool`` windows first
+    when ``pool > 1``."""
+
+    def features(x: jax.Array) -> jax.Array:
+        if pool > 1:
+            hh, ww, cc = input_shape
+            x = x.reshape(x.shape[0], hh // pool, pool, ww // pool, pool, cc).mean(axis=(2, 4))
+        return x.reshape(x.shape[0], -1)
+
+    return features
 
 
 @register_model("linear")

@@ -1,8 +1,8 @@
 """Reading CIFAR10's python batches without running code a file names.
 
-The real loader of :func:`asyncsim.numerics.data.cifar10` (which imports this module when it
-loads): :func:`load` reads the five train batches and the test batch from a
-``cifar-10-python.tar.gz`` tarball or an extracted ``cifar-10-batches-py`` folder.
+The loader of :func:`asyncsim.numerics.data.cifar10.cifar10`: :func:`load` reads the five
+train batches and the test batch from a ``cifar-10-python.tar.gz`` tarball or an extracted
+``cifar-10-batches-py`` folder.
 
 Contract: a batch is unpickled by :class:`_CifarUnpickler`, which admits only the globals
 CIFAR10's batches are made of (numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, and a
@@ -10,9 +10,8 @@ latin-1-only ``_codecs.encode``); any other global (``posix.system``, ``builtins
 ``numpy.save``) is refused before it is imported or called. Every problem with a file — a
 refused global, a damaged pickle, a batch of the wrong shape or types, a missing member — is
 a :class:`CifarFileError` with one line naming the file or member, which the data set's
-factory raises as a :class:`~asyncsim.numerics.data.DataError`. (A module of its own, with
-no imports from asyncsim, so that :mod:`asyncsim.numerics.data` stays a readable size and
-the two import no cycle.)
+factory raises as a :class:`~asyncsim.numerics.data.DataError`. (No imports from asyncsim:
+how a file is read safely is apart from where it comes from.)
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ def _latin1_encode(text: Any, encoding: Any = "utf-8", errors: Any = "strict") -
     Python 2 writes its ``str`` (the real batches' keys, labels and pixel buffer) with the
     BINSTRING opcodes, but Python 3 has no opcode for ``bytes`` below protocol 3 and writes
     ``_codecs.encode(<latin-1 text>, "latin1")`` instead, so a batch re-pickled by Python 3
-    with protocol 2 (as tests/test_data.py's fixture is) needs it. Only that call is
+    with protocol 2 (as tests/unit/test_data.py's fixture is) needs it. Only that call is
     admitted: any other codec (e.g. one that decompresses) makes the batch a damaged one.
     """
     if not (isinstance(text, str) and encoding in ("latin1", "latin-1") and errors == "strict"):

@@ -1,4 +1,4 @@
-"""Real distributed runs on Ray: learner actors, a parameter-server actor, the same numerics.
+"""The parameter-server actor of a real run on Ray: the protocol, the core and the trace.
 
 ``asyncsim real SCENARIO`` runs the scenario's cluster for real (docs/design.md, "The one Driver"):
 
@@ -11,7 +11,7 @@
   version) with the learner's next batch index, collects finished gradients with
   ``ray.wait`` in arrival order, and hands each arrival to the scenario's **unchanged**
   protocol object (:mod:`asyncsim.timing.protocols`) through a small stand-in for the SimPy
-  simulation (:class:`_Clock`). When the protocol applies an update, the PS hands the
+  simulation (:class:`~.clock.Clock`). When the protocol applies an update, the PS hands the
   gradients it took, in the protocol's order, to the one
   :class:`~asyncsim.drivers.driver.Driver`, which applies them with the update program of
   :meth:`Numerics.update`.
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,150 +63,15 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.driver import CKPT, Driver, numerics_for, resume_from
+from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.checkpoint import CKPT, resume_from
+from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.plugins import install_plugins
-from asyncsim.timing.cluster import Simulation
+from asyncsim.drivers.real.clock import Clock
 from asyncsim.timing.protocols import Protocol, get_protocol_class
 from asyncsim.trace import RESTARTS_FILE, Trace
 
-
-# ----------------------------------------------------------------------------- threads
-def _count(value: str | None) -> int | None:
-    try:
-        return int(value.strip()) if value is not None else None
-    except ValueError:
-        return None
-
-
-def cpu_affinity() -> int:
-    """The number of CPUs this process may run on (``taskset``, cgroup cpusets)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def thread_counts(env: dict[str, str] | None = None) -> dict[str, int]:
-    """The thread counts a process's last bits depend on, as this process (or one with
-    ``env``) gets them (measured: docs/real.md, "Exact replay"):
-
-    * ``xla``: XLA's CPU intra-op thread pool. XLA sizes it from ``PJRT_NPROC`` (else
-      ``NPROC``), else from the CPUs the process may run on (``sched_getaffinity``:
-      ``tsl::port::MaxParallelism``); ``OMP_NUM_THREADS`` and
-      ``--xla_cpu_multi_thread_eigen=false`` do not change it;
-    * ``blas``: the threads of numpy's OpenBLAS (the synthetic data sets are generated with
-      numpy matrix products): ``OPENBLAS_NUM_THREADS``, else ``GOTO_NUM_THREADS``, else
-      ``OMP_NUM_THREADS``, capped at the affinity's CPU count.
-    """
-
-    env = os.environ if env is None else env
-    cpus = cpu_affinity()
-    xla = next((n for k in ("PJRT_NPROC", "NPROC") if (n := _count(env.get(k))) is not None),
-               cpus)
-    blas = next((n for k in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
-                 if (n := _count(env.get(k))) is not None and n > 0), cpus)
-    return {"xla": max(0, xla), "blas": min(blas, cpus)}
-
-
-
-class RealRunError(RuntimeError):
-    """A real run stopped before its end (e.g. the PS died); the folder can be resumed."""
-
-
-# ----------------------------------------------------------------------------- learner
-class LearnerImpl:
-    """One learner process: computes gradients with the scenario's Numerics.
-
-    Reusable across runs (a test session or a benchmark keeps the actors, and the jitted
-    gradient compiled once): every call names its job, ``(job_id, scenario, learner,
-    emulate, plug-ins)`` (an object-store reference resolved by Ray), and the actor (re)builds its
-    Numerics when the job changes; a restarted actor rebuilds lazily on its first call.
-
-    ``compute`` returns ``(loss, grads, t_start, t_push, pid)`` with numpy leaves and
-    ``time.time()`` stamps; the gradient is ``Numerics.grad`` exactly. The pid lets the
-    PS notice a restarted actor.
-    """
-
-    def __init__(self):
-        self.job_id = None
-
-    def _setup(self, job) -> None:
-        job_id, scn, learner, emulate, plugins = job
-        install_plugins(plugins)  # the driver's Python-registered plug-ins
-        self.learner = learner
-        self.num = numerics_for(scn, grouping="none")
-        self.sleep = None
-        if emulate:
-            # The simulator's own compute stream for this learner (same seed, same draws).
-            self.sleep = Simulation(scn).compute[learner]
-        self.job_id = job_id
-
-    def ready(self, job) -> int:
-        """Set up and warm up (compile) the gradient function; returns the process id."""
-
-        self._setup(job)
-        p = self.num.init_params()
-        jax.block_until_ready(self.num.grad(p, self.num.x_train, self.num.y_train,
-                                            np.int32(self.learner), np.int32(0)))
-        return os.getpid()
-
-    def thread_counts(self) -> dict[str, int]:
-        """:func:`thread_counts` as this actor's process has them."""
-        return thread_counts()
-
-    def compute(self, job, params, batch: int, die: bool = False):
-        if self.job_id != job[0]:
-            self._setup(job)
-        t_start = time.time()
-        loss, g = self.num.grad(params, self.num.x_train, self.num.y_train,
-                                np.int32(self.learner), np.int32(batch))
-        loss, g = jax.device_get((loss, g))
-        if die:
-            # Fault injection: the process dies with this gradient computed but not sent,
-            # so the loss always falls on this task (a kill from outside could land after
-            # a fast gradient was already returned, or while the learner waits idle).
-            os._exit(1)
-        if self.sleep is not None:
-            time.sleep(self.sleep.next(0.0))
-        return np.asarray(loss), g, t_start, time.time(), os.getpid()
-
-
-# ----------------------------------------------------------------------------- PS
-class _Event:
-    """Stand-in for a SimPy event: protocols only create, ``succeed`` and test it."""
-
-    __slots__ = ("callbacks", "triggered")
-
-    def __init__(self):
-        self.callbacks: list[Callable[[], None]] = []
-        self.triggered = False
-
-    def succeed(self):
-        self.triggered = True
-        cbs, self.callbacks = self.callbacks, []
-        for cb in cbs:
-            cb()
-
-
-class _Env:
-    def event(self):
-        return _Event()
-
-
-class _Clock:
-    """The part of :class:`asyncsim.cluster.Simulation` protocols use: ``version``,
-    ``env.event()``, ``apply_update(grads)``."""
-
-    def __init__(self, apply: Callable[[Sequence[tuple]], None]):
-        self.env = _Env()
-        self.version = 0
-        self._apply = apply
-
-    def apply_update(self, grads):
-        self._apply(list(grads))
-
-    def note_pull(self, learner, version):  # hardsync/ssp never need it; kept for plug-ins
-        pass
+__all__ = ["PSHost", "PSImpl"]
 
 
 _GCOLS = ("learner", "batch", "read_version", "apply_version", "staleness", "t_pull",
@@ -222,7 +86,7 @@ class PSImpl:
         scn: the scenario. folder: the run folder (must be visible to this process).
         learners: the learner actor handles, index = learner id.
         resume: restart from ``folder/checkpoint.npz`` when it exists.
-        record: the scenario as the folder records it (:mod:`asyncsim.drivers.record`,
+        record: the scenario as the folder records it (:mod:`asyncsim.drivers.folder_scenario`,
             computed by the driver), kept in every checkpoint.
         faults: fault injection for tests and demos: ``{"kill_learner": [id, version]}``
             (the learner's process exits inside the first gradient it computes from a pull
@@ -264,7 +128,7 @@ class PSImpl:
                                   record=record)
         self.driver.ps = self
         self.proto = get_protocol_class(scn.protocol.kind)(scn.protocol, lam)
-        self.clock = _Clock(self._apply_update)
+        self.clock = Clock(self._apply_update)
         self.next_batch = [0] * lam
         if start is not None:
             self._warm_protocol()
@@ -290,7 +154,7 @@ class PSImpl:
         """Re-feed the checkpointed (applied) gradients to a fresh protocol, updates muted,
         so its buffers/clocks match the checkpoint; learners restart at their next batch."""
 
-        muted = _Clock(lambda grads: setattr(muted, "version", muted.version + 1))
+        muted = Clock(lambda grads: setattr(muted, "version", muted.version + 1))
         g, u = self.g, self.u
         lam = len(self.next_batch)
         # A short hardsync round (a learner died, see run()) is replayed as the same
@@ -439,13 +303,8 @@ class PSImpl:
     # -------------------------------------------------------------- the loop
     def run(self, limits: dict[str, Any], info: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run to the scenario's length; write the run folder; return the summary."""
-        # Why this is long: it is the PS's event loop over Ray futures (arrivals, lost
-        # learners and their restarts, probes, the stop); the bookkeeping it calls is in the
-        # methods above.
-
         self.max_updates = limits.get("max_updates")
         self.max_gradients = limits.get("max_gradients")
-        max_time = limits.get("max_time")
         self._t_start: dict[tuple[int, int], float] = {}
         self.inflight: dict[Any, tuple] = {}
         self.pids: dict[int, int] = {}
@@ -457,6 +316,14 @@ class PSImpl:
         self._stop_at_limit()  # a resume from a checkpoint taken at the very end
         for k in range(len(self.learners)):
             self._pull(k)
+        self._loop(limits.get("max_time"))
+        for ref in [*self.inflight, *self.probes]:
+            ray.cancel(ref, force=False)
+        return self._finish(t_wall, info)
+
+    def _loop(self, max_time: float | None) -> None:
+        """The PS's event loop over Ray futures: gradients arriving, learners lost and
+        probed until Ray restarted them, until the run stops or nothing is left to wait for."""
         while not self.stopped and (self.inflight or self.probes or self.reprobe):
             for k in [k for k, t in self.reprobe.items() if t <= time.monotonic()]:
                 del self.reprobe[k]
@@ -469,54 +336,81 @@ class PSImpl:
             for ref in ready:
                 if ref in self.probes:
                     self._probed(ref)
-                    continue
-                k, b, read, t_pull = self.inflight.pop(ref)
-                try:
-                    loss, grads, t_start, t_push, pid = ray.get(ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-                    # The learner died: its pulled version and in-flight work are lost. The
-                    # restarted actor gets the same batch index again (program order kept).
-                    ev = {"learner": k, "batch": b, "read_version": read, "t_pull": t_pull,
-                          "t": self.now(), "version": self.clock.version,
-                          "error": type(e).__name__}
-                    self.restarts.append({"event": "lost", **ev})
-                    self.served.pop((k, b), None)  # its version is no longer read
-                    if self.proto.on_lost(self.clock, k):
-                        # hardsync: rounds go on with the live learners from this one on (it
-                        # may have been applied just now) until the restarted actor answers
-                        # a probe; k then pulls again and rejoins at the next round.
-                        self.restarts.append({"event": "away", **ev})
-                        self._probe(k)
-                    else:
-                        self._serve(k)
-                    continue
-                t_arrive = self.now()
-                if self.pids.get(k, pid) != pid:
-                    # A new process answered: the actor was restarted (by Ray) in between.
-                    self.restarts.append({"event": "restarted", "learner": k, "batch": b,
-                                          "read_version": read, "t_pull": t_pull,
-                                          "t": t_arrive, "version": self.clock.version,
-                                          "error": ""})
-                self.pids[k] = pid
-                # Learner clocks may be skewed (other machines): keep pull <= push <= arrive.
-                t_push = min(max(t_push - self.t0 + self.t_offset, t_pull), t_arrive)
-                t_start = min(max(t_start - self.t0 + self.t_offset, t_pull), t_push)
-                self.pending[(k, b)] = (loss, grads)
-                self._t_start[(k, b)] = t_start
-                self.next_batch[k] = b + 1
-                self.proto.on_arrival(self.clock, (k, b, read, t_pull, t_push, t_arrive))
-                if self.stopped:
+                elif self._collect(ref):
                     break
-                self._pull(k)
-        for ref in [*self.inflight, *self.probes]:
-            ray.cancel(ref, force=False)
+
+    def _collect(self, ref) -> bool:
+        """A learner's gradient came back (or its actor died): hand it to the protocol and
+        let the learner pull again. True when this arrival stopped the run."""
+        k, b, read, t_pull = self.inflight.pop(ref)
+        try:
+            loss, grads, t_start, t_push, pid = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            self._lost(k, b, read, t_pull, e)
+            return False
+        t_arrive = self.now()
+        if self.pids.get(k, pid) != pid:
+            # A new process answered: the actor was restarted (by Ray) in between.
+            self.restarts.append({"event": "restarted", "learner": k, "batch": b,
+                                  "read_version": read, "t_pull": t_pull,
+                                  "t": t_arrive, "version": self.clock.version,
+                                  "error": ""})
+        self.pids[k] = pid
+        # Learner clocks may be skewed (other machines): keep pull <= push <= arrive.
+        t_push = min(max(t_push - self.t0 + self.t_offset, t_pull), t_arrive)
+        t_start = min(max(t_start - self.t0 + self.t_offset, t_pull), t_push)
+        self.pending[(k, b)] = (loss, grads)
+        self._t_start[(k, b)] = t_start
+        self.next_batch[k] = b + 1
+        self.proto.on_arrival(self.clock, (k, b, read, t_pull, t_push, t_arrive))
+        if self.stopped:
+            return True
+        self._pull(k)
+        return False
+
+    def _lost(self, k: int, b: int, read: int, t_pull: float, e: Exception) -> None:
+        """Learner ``k`` died: its pulled version and in-flight work are lost. The restarted
+        actor gets the same batch index again (program order kept)."""
+        ev = {"learner": k, "batch": b, "read_version": read, "t_pull": t_pull,
+              "t": self.now(), "version": self.clock.version, "error": type(e).__name__}
+        self.restarts.append({"event": "lost", **ev})
+        self.served.pop((k, b), None)  # its version is no longer read
+        if self.proto.on_lost(self.clock, k):
+            # hardsync: rounds go on with the live learners from this one on (it may have
+            # been applied just now) until the restarted actor answers a probe; k then
+            # pulls again and rejoins at the next round.
+            self.restarts.append({"event": "away", **ev})
+            self._probe(k)
+        else:
+            self._serve(k)
+
+    # -------------------------------------------------------------- the end
+    def _short_rounds(self, applied: int) -> list[int]:
+        """The hardsync rounds among the first ``applied`` updates completed without a lost
+        learner (none unless one was away)."""
+        lam = len(self.learners)
+        if not (any(r["event"] == "away" for r in self.restarts)
+                and round(1.0 / self.proto.updates_per_gradient()) == lam):
+            return []
+        return [v for v, n in zip(self.u["version"][:applied], self.u["n_grads"][:applied],
+                                  strict=True) if n < lam]
+
+    def _write_restarts(self) -> None:
+        """``restarts.csv``: every learner lost, away, restarted or rejoined."""
+        # Here: the PS's process would otherwise import pandas at its start (a run never
+        # imports it: docs/design.md).
+        import pandas as pd
+
+        cols = ["event", "learner", "batch", "read_version", "t_pull", "t", "version", "error"]
+        runs.atomic_write_text(self.folder / RESTARTS_FILE,
+                               pd.DataFrame(self.restarts, columns=cols).to_csv(index=False))
+
+    def _finish(self, t_wall: float, info: dict[str, Any] | None) -> dict[str, Any]:
+        """The trace the PS saw, ``restarts.csv`` and the driver's output files; the
+        summary."""
         wall = time.perf_counter() - t_wall
         applied = self.driver.stopped_at if self.driver.check() is False else len(self.u["version"])
-        lam = len(self.learners)
-        short = ([v for v, n in zip(self.u["version"][:applied], self.u["n_grads"][:applied],
-                                    strict=True) if n < lam]
-                 if any(r["event"] == "away" for r in self.restarts)
-                 and round(1.0 / self.proto.updates_per_gradient()) == lam else [])
+        short = self._short_rounds(applied)
         meta = {"stop_reason": self.stop_reason or "stopped", "sim_time": self.now(),
                 "learners": len(self.learners), "protocol": self.scn.protocol.kind,
                 "seed": self.scn.seed, "kind": "real", "clock": "wall seconds",
@@ -526,14 +420,7 @@ class PSImpl:
             meta.update({"short_rounds_allowed": True, "short_rounds": [int(v) for v in short]})
         trace = Trace.from_columns(self.g, self.u, meta)
         if self.folder is not None:
-            # Here: the learners' processes import this module, and pandas is 0.3 s of each
-            # one's start (a run never imports it: docs/design.md).
-            import pandas as pd
-
-            cols = ["event", "learner", "batch", "read_version", "t_pull", "t", "version",
-                    "error"]
-            runs.atomic_write_text(self.folder / RESTARTS_FILE,
-                                   pd.DataFrame(self.restarts, columns=cols).to_csv(index=False))
+            self._write_restarts()
         # The PS's own figures go into the one summary the driver writes (last, so a folder
         # with summary.json is complete). updates_per_s counts every update the PS applied,
         # those after a divergence (rolled back) included: it measures the PS's throughput.
@@ -591,5 +478,3 @@ class PSHost:
 
     def progress(self) -> int:
         return -1 if self.ps is None or not hasattr(self.ps, "t0") else self.ps.clock.version
-
-

@@ -1,0 +1,45 @@
+"""What the drivers build from a scenario for the layers below: its :class:`Numerics` and a
+message's size. The drivers see the whole scenario; the numerics take their parts of it
+(the model, the data set, the optimizer) and the timing facts the drivers pass down.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+
+from asyncsim.config import Scenario
+from asyncsim.numerics.models import num_params
+from asyncsim.numerics.numerics import Numerics
+from asyncsim.numerics.parts import build_model
+from asyncsim.timing.protocols import get_protocol_class
+
+__all__ = ["message_bytes", "numerics_for"]
+
+
+def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
+    """``scn``'s :class:`Numerics`: its model, data and optimizer parts, told the protocol's
+    gradients per update (a timing fact that epoch-based schedules need) and its nominal
+    delay (for ``lr_staleness = "nominal"``). ``kw``: :class:`Numerics`' other keywords
+    (``grouping``)."""
+    proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+    return Numerics(scn.model, scn.data, scn.optimizer, seed=scn.seed,
+                    num_learners=scn.cluster.learners, base_dir=scn.base_dir,
+                    source=scn.source, grads_per_update=1.0 / proto.updates_per_gradient(),
+                    nominal_staleness=proto.nominal_staleness(), **kw)
+
+
+def message_bytes(scn: Scenario, *, always: bool = False) -> int | None:
+    """4 bytes per model parameter, when a message's size matters and is not given: a link,
+    or the PS's shared interface in its direction, has a finite bandwidth and no ``bytes``
+    (with ``always``, in any case)."""
+    net = scn.cluster.network
+    if not always and not any(link.bytes is None and (math.isfinite(link.bandwidth) or (
+            shared is not None and math.isfinite(shared.bandwidth)))
+               for link, shared in ((net.pull, net.ps_egress), (net.push, net.ps_ingress))):
+        return None
+    # A ScenarioError under `model` for an option it refuses.
+    model = build_model(scn.model, source=scn.source)
+    return 4 * num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
