@@ -47,24 +47,41 @@ def nonneg(name: str, v: Any, *, finite: bool = True) -> float:
     return float(v)
 
 
-def integer(name: str, v: Any, *, low: int = 1, high: int | None = None) -> int:
-    """An integer in ``low..high`` (``high`` None: no upper bound), as an ``int``."""
+# TOML's integers are 64-bit (tomllib reads any): numpy, JAX and the run folder's files hold
+# no more.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def int64(name: str, v: int) -> int:
+    """An integer TOML, numpy and JAX hold: in ``INT64_MIN..INT64_MAX``."""
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise ScenarioError(name, f"must be a 64-bit integer ({INT64_MIN}..{INT64_MAX}), "
+                            f"got {v}")
+    return v
+
+
+def integer(name: str, v: Any, *, low: int = 1, high: int | None = None,
+            bound: str = "") -> int:
+    """An integer in ``low..high`` (``high`` None: no upper bound), as an ``int``; ``bound``
+    names the key ``high`` comes from, for the message (``cluster.learners``)."""
     ok = isinstance(v, Integral) and not isinstance(v, bool) and v >= low
     if ok and high is not None:
         ok = v <= high
     if not ok:
         if high is not None:
-            what = f"an integer in {low}..{high}"
+            what = f"an integer in {low}..{high}" + (f" ({bound})" if bound else "")
         else:
             what = {1: "a positive integer", 0: "an integer >= 0"}.get(low, f"an integer >= {low}")
         raise ScenarioError(name, f"must be {what}, got {v!r}")
     return int(v)
 
 
-def choice(name: str, v: Any, allowed: Sequence[str]) -> str:
-    """One of ``allowed``, with a did-you-mean hint for a near miss."""
+def choice(name: str, v: Any, allowed: Sequence[str], *, what: str = "value") -> str:
+    """One of ``allowed``: the one choice check (names in a registry are refused in the same
+    words, :meth:`asyncsim._registry.PluginRegistry.get`), with a did-you-mean hint for a
+    near miss: ``unknown {what} 'x'; allowed: a, b``."""
     if v not in allowed:
-        raise ScenarioError(name, f"must be one of {', '.join(map(repr, allowed))}, got {v!r}"
+        raise ScenarioError(name, f"unknown {what} {v!r}; allowed: {', '.join(allowed)}"
                             f"{did_you_mean(v, allowed)}")
     return v
 

@@ -33,9 +33,9 @@ def train_size(scn: Scenario) -> int:
 
 def updates_per_epoch(scn: Scenario, n_train: int) -> float:
     """0.1's ``engine.updates_per_epoch``: PS updates per pass over the train set."""
-    from asyncsim.timing.protocols import get_protocol_class
+    from asyncsim.timing.protocols import make_protocol
 
-    proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+    proto = make_protocol(scn.protocol, scn.cluster.learners)
     return n_train * proto.updates_per_gradient() / scn.data.batch_size
 
 

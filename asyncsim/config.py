@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
+from asyncsim._checks import choice, int64
 from asyncsim.errors import ScenarioError, did_you_mean
 
 Dist = Mapping[str, Any]
@@ -101,16 +102,10 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class ProtocolConfig:
     kind: str = "async"  # hardsync | softsync | async | fixed-delay | ssp | a plug-in
-    n: int | None = None  # softsync: the PS updates after c = floor(learners / n) gradients
-    tau: int | None = None  # fixed-delay: the delay; uses tau + 1 workers
-    s: int | None = None  # ssp: a learner may lead the slowest by at most s clocks
-    # fixed-delay worker schedule: round-robin | random | normal (P2's official draw) | race
-    schedule: str = "round-robin"
-    cv: float = 0.1  # fixed-delay "race" schedule: spread of the workers' step times
-    # fixed-delay "normal" schedule: worker k is drawn with probability proportional to
-    # Phi((staleness_k - loc) / scale); None: P2's official loc = tau + 1, scale = (tau + 1) / 4
-    loc: float | None = None
-    scale: float | None = None  # fixed-delay "normal" schedule: see loc
+    # Every other key of [protocol] is an option of the protocol `kind` names, checked
+    # against its class's __init__ signature (asyncsim.timing.protocols): softsync's n,
+    # fixed-delay's tau, schedule, cv, loc and scale, ssp's s, a plug-in's own.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 # run.sweep_path: "exact", one loop replay per point (bit-identical to the point's scenario
@@ -143,15 +138,7 @@ WEIGHT_DECAY_SCOPES = ("all", "weights")
 def check_momentum_kind(kind: str) -> str:
     """``kind`` if it is one of :data:`MOMENTUM_KINDS`; else a ScenarioError under
     ``optimizer.momentum.kind`` listing them."""
-    return check_choice("optimizer.momentum.kind", kind, MOMENTUM_KINDS, what="momentum")
-
-
-def check_choice(key: str, value: str, allowed: tuple[str, ...], *, what: str = "value") -> str:
-    """``value`` if it is one of ``allowed``; else a ScenarioError under ``key`` listing them."""
-    if value not in allowed:
-        raise ScenarioError(key, f"unknown {what} {value!r}; allowed: {', '.join(allowed)}"
-                            f"{did_you_mean(value, allowed)}")
-    return value
+    return choice("optimizer.momentum.kind", kind, MOMENTUM_KINDS, what="momentum")
 
 
 def check_dampening(momentum: MomentumConfig) -> float | str | None:
@@ -227,10 +214,10 @@ def optimizer_choices(opt: OptimizerConfig) -> OptimizerChoices:
                             "(the transform takes the rule as a weight, the rate outside)")
     return OptimizerChoices(
         kind=check_momentum_kind(m.kind),
-        style=check_choice("optimizer.momentum.style", m.style or "caffe", MOMENTUM_STYLES),
-        lr_staleness=check_choice("optimizer.lr_staleness", opt.lr_staleness or "actual",
+        style=choice("optimizer.momentum.style", m.style or "caffe", MOMENTUM_STYLES),
+        lr_staleness=choice("optimizer.lr_staleness", opt.lr_staleness or "actual",
                                   LR_STALENESS),
-        weight_decay_scope=check_choice("optimizer.weight_decay_scope",
+        weight_decay_scope=choice("optimizer.weight_decay_scope",
                                         opt.weight_decay_scope or "all", WEIGHT_DECAY_SCOPES),
         dampening=check_dampening(m))
 
@@ -370,12 +357,10 @@ class Scenario:
 
 
 # Tables whose unknown keys go into `options` instead of being rejected.
-_OPEN_TABLES = {ModelConfig: "options", DataConfig: "options"}
+_OPEN_TABLES = {ModelConfig: "options", DataConfig: "options", ProtocolConfig: "options"}
 
 
 # ----------------------------------------------------------------------------- ranges
-# TOML's integers (the range every integer key takes, checked in _convert).
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # The largest float32: the update core holds its rates, decay and momentum in float32.
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -489,12 +474,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ScenarioError(key, f"must be an integer, got {value!r}")
-        if not INT64_MIN <= value <= INT64_MAX:
-            # TOML's integers are 64-bit (tomllib reads any): numpy, JAX and the run
-            # folder's files hold no more.
-            raise ScenarioError(key, f"must be a 64-bit integer ({INT64_MIN}..{INT64_MAX}), "
-                                f"got {value}")
-        return value
+        return int64(key, value)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ScenarioError(key, f"must be a number, got {value!r}")
@@ -552,24 +532,6 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, tuple | list):
         return [to_dict(v) for v in obj]
     return obj
-
-
-# Keys of [protocol] that only fixed-delay reads; a run folder's scenario.toml records them
-# only for it (they would read as settings of a softsync run).
-FIXED_DELAY_ONLY = ("schedule", "cv", "loc", "scale")
-
-
-def drop_unused(d: dict[str, Any]) -> dict[str, Any]:
-    """``d`` (a :func:`to_dict` of a Scenario) without the *defaults* of keys its protocol
-    does not read, as a run folder records it (a value someone set stays: a plug-in
-    protocol may read it)."""
-    proto = d.get("protocol")
-    if isinstance(proto, dict) and proto.get("kind") != "fixed-delay":
-        default = ProtocolConfig()
-        for k in FIXED_DELAY_ONLY:
-            if k in proto and proto[k] == getattr(default, k):
-                del proto[k]
-    return d
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

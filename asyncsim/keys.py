@@ -105,6 +105,9 @@ def _rows(cls: type, prefix: str, allowed: dict[str, list[str]]):
                    "table or none", "none", notes.get(f.name, ""))
             yield from _rows(inner[0], f"{key}.", allowed)
             continue
+        if cls is config.ProtocolConfig and f.name == "options":
+            yield from _protocol_rows(prefix, allowed)
+            continue
         if cls in config._OPEN_TABLES and f.name == config._OPEN_TABLES[cls]:
             yield (f"{prefix}*", "any", "", "the options of the named factory, checked "
                    "against its signature (see `asyncsim.registries()`)")
@@ -113,6 +116,49 @@ def _rows(cls: type, prefix: str, allowed: dict[str, list[str]]):
         if key in allowed:
             text += (" " if text else "") + "Built in: " + ", ".join(allowed[key]) + "."
         yield key, _type(hint), _default(f), text
+
+
+def _arg_docs(cls: type) -> dict[str, str]:
+    """The ``Args:`` section of ``cls.__init__``'s docstring, by parameter (one line each)."""
+    doc = inspect.getdoc(cls.__init__) or ""
+    out: dict[str, str] = {}
+    name, indent = None, None
+    for line in doc.partition("Args:")[2].splitlines():
+        if not line.strip():
+            continue
+        lead = len(line) - len(line.lstrip())
+        indent = lead if indent is None else indent
+        m = re.match(r"(\w+): (.*)", line.strip())
+        if lead == indent and m:
+            name, out[m.group(1)] = m.group(1), m.group(2)
+        elif name and lead > indent:
+            out[name] += " " + line.strip()
+        else:
+            break
+    return out
+
+
+def _protocol_rows(prefix: str, allowed: dict[str, list[str]]):
+    """The options of the built-in protocols, read from their classes' signatures (a
+    plug-in's are its own: ``protocol.*``)."""
+    from asyncsim._registry import signature_options
+    from asyncsim.drivers.plugins import registries
+
+    reg = registries()["asyncsim.protocols"]
+    for kind in reg.builtin_names():
+        params, hints, _ = signature_options(reg.get(kind))
+        for name, p in params.items():
+            if name == "learners":
+                continue  # cluster.learners
+            key = f"{prefix}{name}"
+            default = ("required" if p.default is p.empty else "none" if p.default is None
+                       else f"`{_toml_value(p.default)}`")
+            text = f"{kind}: {_arg_docs(reg.get(kind)).get(name, '')}".strip()
+            if key in allowed:
+                text += " Built in: " + ", ".join(allowed[key]) + "."
+            yield key, _type(hints.get(name, "any")), default, text
+    yield (f"{prefix}*", "any", "", "the options of a plug-in protocol, checked against its "
+           "class's signature")
 
 
 def key_reference() -> str:

@@ -364,7 +364,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     # this runs) should be reported at once (tests/test_cli.py).
     from asyncsim.numerics.data import check_batch_size, declared_train_size
     from asyncsim.timing.checks import check_cluster
-    from asyncsim.timing.protocols import get_protocol_class
+    from asyncsim.timing.protocols import make_protocol
 
     if not _NAME.fullmatch(scn.name):
         raise ScenarioError("name", "names the run folder (runs/NAME/seedN): must be 1 to 100 "
@@ -375,7 +375,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
         if seed is not None and not 0 <= seed < 2**32:
             raise ScenarioError(key, f"must be an integer in 0..{2**32 - 1}, got {seed}")
     check_cluster(scn, base_dir)
-    get_protocol_class(scn.protocol.kind).check(scn.protocol, scn.cluster.learners)
+    make_protocol(scn.protocol, scn.cluster.learners)  # its options, checked as it is built
     _check_optimizer(scn)
     _check_factory("model", scn.model.name, scn.model.options)
     _check_factory("data", scn.data.name, scn.data.options)
@@ -412,9 +412,9 @@ def _check_optimizer(scn: Scenario) -> None:
     if not 0.0 <= o.momentum.beta < 1.0:
         raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
     if choices.lr_staleness == "nominal":
-        from asyncsim.timing.protocols import get_protocol_class  # see check
+        from asyncsim.timing.protocols import make_protocol  # see check
 
-        proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+        proto = make_protocol(scn.protocol, scn.cluster.learners)
         if proto.nominal_staleness() is None:
             raise ScenarioError("optimizer.lr_staleness",
                                 f"{NOMINAL_NEEDS}; {scn.protocol.kind!r} has none")
@@ -450,9 +450,7 @@ def _check_run(scn: Scenario) -> None:
             raise ScenarioError(f"run.{k}", "must be >= 0")
     if r.eval_samples is not None and r.eval_samples < 1:
         raise ScenarioError("run.eval_samples", "must be a positive integer")
-    if r.sweep_path not in SWEEP_PATHS:
-        raise ScenarioError("run.sweep_path", f"unknown sweep path {r.sweep_path!r}; allowed: "
-                            f"{', '.join(SWEEP_PATHS)}{did_you_mean(r.sweep_path, SWEEP_PATHS)}")
+    _checks.choice("run.sweep_path", r.sweep_path, SWEEP_PATHS, what="sweep path")
 
 
 def _check_measure(scn: Scenario) -> None:
@@ -540,9 +538,10 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
     # fixed-delay runs tau + 1 workers: a tau sweep moves the worker count along with it
     # unless the point sets cluster.learners itself.
     proto = raw.get("protocol", {})
+    tau = scn.protocol.options.get("tau")
     if (proto.get("kind") == "fixed-delay" and "protocol.tau" in point
-            and "cluster.learners" not in point and scn.protocol.tau is not None
-            and scn.cluster.learners == scn.protocol.tau + 1):
+            and "cluster.learners" not in point and isinstance(tau, int)
+            and scn.cluster.learners == tau + 1):
         raw["cluster"]["learners"] = proto["tau"] + 1
     try:
         return from_dict(Scenario, raw)

@@ -43,7 +43,7 @@ from asyncsim.numerics.core import CoreState, param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import EvalRecord, Numerics, Row, build_model
-from asyncsim.timing.protocols import get_protocol_class, timing_revision
+from asyncsim.timing.protocols import make_protocol, protocol_options, timing_revision
 from asyncsim.trace import Trace
 
 CHECK_EVERY = 16  # updates between fetches of the batch losses (the divergence check)
@@ -93,7 +93,7 @@ def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
     """``scn``'s :class:`Numerics`, told the protocol's gradients per update (a timing fact
     that epoch-based schedules need) and its nominal delay (for ``lr_staleness =
     "nominal"``)."""
-    proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+    proto = make_protocol(scn.protocol, scn.cluster.learners)
     return Numerics(scn, grads_per_update=1.0 / proto.updates_per_gradient(),
                     nominal_staleness=proto.nominal_staleness(), **kw)
 
@@ -220,8 +220,9 @@ def check_checkpoint(folder: Path, scn: Scenario) -> dict[str, Any]:
     extra = checkpoint_meta(folder).get("extra", {})
     revision = timing_revision(scn.protocol)
     if extra.get("timing_revision") != revision:
+        schedule = protocol_options(scn.protocol)["schedule"]
         raise ScenarioError("protocol.schedule", f"{folder / CKPT} was made under another "
-                            f"timing model of schedule {scn.protocol.schedule!r} (before "
+                            f"timing model of schedule {schedule!r} (before "
                             f"asyncsim 0.3 it was the racing model, now \"race\"); "
                             f"{_START_OVER}", file=str(folder))
     return check_resume(folder, extra.get("scenario"), scn)
@@ -465,8 +466,9 @@ class Driver:
         if self.scn.optimizer.lr_staleness == "nominal":
             tau_bar = self.num.nominal_staleness
         out = {"lr_at_mean_tau": rate_at_delay(rule, lr, tau_bar)}
-        if self.scn.protocol.tau is not None:
-            out["lr_at_tau"] = rate_at_delay(rule, lr, self.scn.protocol.tau)
+        tau = self.scn.protocol.options.get("tau")  # fixed-delay's
+        if tau is not None:
+            out["lr_at_tau"] = rate_at_delay(rule, lr, tau)
         return out
 
     def checkpoint_extra(self, done: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from asyncsim.config import Scenario, check_memory
-from asyncsim.timing.protocols import get_protocol_class
+from asyncsim.timing.protocols import make_protocol
 
 __all__ = ["TRACE_ROW_BYTES", "check_trace_fits", "run_length"]
 
@@ -44,8 +44,7 @@ TRACE_ROW_BYTES = 2 * (9 * 8 + 4 * 8)
 def check_trace_fits(scenario: Scenario, limits: dict[str, Any], key: str) -> None:
     """Refuse a run whose trace alone would need more than the machine's memory
     (``run.updates = 1e18`` would otherwise grow without end)."""
-    proto = get_protocol_class(scenario.protocol.kind)(scenario.protocol,
-                                                       scenario.cluster.learners)
+    proto = make_protocol(scenario.protocol, scenario.cluster.learners)
     grads = limits.get("max_gradients")
     if grads is None:
         grads = limits["max_updates"] / max(proto.updates_per_gradient(), 1e-12)

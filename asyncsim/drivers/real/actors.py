@@ -67,7 +67,7 @@ from asyncsim.config import Scenario
 from asyncsim.drivers.driver import CKPT, Driver, numerics_for, resume_from
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.timing.cluster import Simulation
-from asyncsim.timing.protocols import Protocol, get_protocol_class
+from asyncsim.timing.protocols import Protocol, make_protocol
 from asyncsim.trace import RESTARTS_FILE, Trace
 
 
@@ -263,7 +263,7 @@ class PSImpl:
         self.driver = _RealDriver(scn, num, folder=self.folder, start=start, versions=False,
                                   record=record)
         self.driver.ps = self
-        self.proto = get_protocol_class(scn.protocol.kind)(scn.protocol, lam)
+        self.proto = make_protocol(scn.protocol, lam)
         self.clock = _Clock(self._apply_update)
         self.next_batch = [0] * lam
         if start is not None:
