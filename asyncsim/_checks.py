@@ -11,6 +11,7 @@ scenario validator (which passes the full dotted key) and in a factory.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
@@ -60,6 +61,13 @@ def int64(name: str, v: int) -> int:
     return v
 
 
+def unit_interval(name: str, v: Any) -> float:
+    """``0 <= v < 1`` (a momentum coefficient, a dampening), as a float."""
+    if not _is_number(v) or not 0.0 <= v < 1.0:
+        raise ScenarioError(name, f"must be in [0, 1), got {v!r}")
+    return float(v)
+
+
 def integer(name: str, v: Any, *, low: int = 1, high: int | None = None,
             bound: str = "") -> int:
     """An integer in ``low..high`` (``high`` None: no upper bound), as an ``int``; ``bound``
@@ -101,3 +109,29 @@ def shape(name: str, v: Any) -> tuple[int, ...]:
             or not all(isinstance(x, Integral) and not isinstance(x, bool) and x > 0 for x in v)):
         raise ScenarioError(name, f"must be a list of positive integers, got {v!r}")
     return tuple(int(x) for x in v)
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes; None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def memory(name: str, need: float, what: str, detail: str = "", *,
+           allowed: float | None = None, allowed_by: str = "") -> None:
+    """The one memory check: refuse, before anything is built, what needs more than
+    ``allowed`` bytes (None: this machine's memory; not known: nothing is refused), in one
+    line under ``name``: ``{what} about N GiB{detail}; this machine has M GiB``, or ``...;
+    more than the M GiB allowed ({allowed_by})`` for a limit the caller sets."""
+    have = physical_memory() if allowed is None else allowed
+    if have is not None and not need <= have:
+        need = min(need, 1e300)  # an integer beyond float range (TOML's are unbounded)
+        limit = (f"this machine has {_bytes(have)}" if allowed is None else
+                 f"more than the {_bytes(have)} allowed ({allowed_by or name})")
+        raise ScenarioError(name, f"{what} about {_bytes(need)}{detail}; {limit}")

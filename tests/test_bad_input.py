@@ -182,7 +182,7 @@ def test_sizes_that_cannot_fit_are_refused_before_anything_runs(tmp_path, capsys
 
 def test_the_key_reference_is_generated_from_the_config():
     """docs/keys.md is what `python -m asyncsim.keys` writes (regenerate it after changing
-    asyncsim/config.py), and it lists every key the loader accepts."""
+    asyncsim/config/schema.py), and it lists every key the loader accepts."""
     import dataclasses
 
     from asyncsim import config

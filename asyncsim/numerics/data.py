@@ -52,10 +52,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asyncsim import _checks
 from asyncsim._checks import flag, integer, nonneg
 from asyncsim._io import atomic
 from asyncsim._registry import PluginRegistry, build, callable_value, option_defaults
-from asyncsim.config import check_memory
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import _cifar10
 
@@ -99,13 +99,16 @@ _registry: PluginRegistry[Callable[..., Dataset]] = PluginRegistry(
     adapt=callable_value("a factory f(*, seed, **options) -> Dataset"))
 
 
-def register_dataset(name: str) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
+def register_dataset(name: str, *, replace: bool = False
+                     ) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
     """Decorator registering a factory ``f(*, seed, **options) -> Dataset`` under ``name``.
 
     An installed package can instead expose the factory under the entry-point group
-    ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it.
+    ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it. A name
+    taken by another factory is a ValueError naming both unless ``replace``
+    (:meth:`asyncsim._registry.PluginRegistry.register`).
     """
-    return _registry.decorator(name)
+    return _registry.decorator(name, replace=replace)
 
 
 def available_datasets() -> list[str]:
@@ -272,8 +275,9 @@ def _check_fits(sizes: dict[str, int], sample_bytes: int, **more: int) -> None:
     refused, by build_dataset's MemoryError)."""
     n = sum(sizes.values())
     key = max({**sizes, **more}.items(), key=lambda kv: kv[1])[0]
-    check_memory(key, n * sample_bytes, "the data set does not fit in this machine's memory: "
-                 "it needs", f" ({n:,} samples of {sample_bytes:,} bytes while it is made)")
+    _checks.memory(key, n * sample_bytes, "the data set does not fit in this machine's "
+                   "memory: it needs", f" ({n:,} samples of {sample_bytes:,} bytes while it "
+                   "is made)")
 
 
 def _smooth_fields(rng: np.random.Generator, count: int, size: int, freq: int) -> np.ndarray:

@@ -37,7 +37,10 @@ learner); ``softsync`` keeps c: with fewer than c learners up, the live ones fil
 ``fixed-delay`` (``race``) just see fewer arrivals.
 
 Plug-ins: subclass :class:`Protocol`, decorate with :func:`register_protocol` or expose it
-through the entry-point group ``asyncsim.protocols``.
+through the entry-point group ``asyncsim.protocols``. A protocol's options are the keyword
+parameters of its ``__init__(self, learners, *, ...)``, the built-ins' as a plug-in's:
+``protocol = { kind = "softsync", n = 4 }`` builds ``Softsync(learners, n=4)``, checked by
+the one option checker of every plug-in kind (:func:`make_protocol`).
 """
 
 from __future__ import annotations
@@ -457,12 +460,14 @@ class FixedDelay(Protocol):
 
         if not 1 <= learners <= cls.MAX_TAU + 1:
             return None  # tau + 1 workers, tau in 0..MAX_TAU
-        race = st.fixed_dictionaries({"tau": st.just(learners - 1),
-                                      "schedule": st.just("race"),
-                                      "cv": st.floats(0.01, 0.5, allow_nan=False)})
-        serial = st.fixed_dictionaries({"tau": st.just(learners - 1), "schedule":
-                                        st.sampled_from(["round-robin", "random", "normal"])})
-        return st.one_of(serial, race)
+
+        def table(schedule):
+            if schedule != "race":
+                return st.just({"tau": learners - 1, "schedule": schedule})
+            return st.floats(0.01, 0.5, allow_nan=False).map(
+                lambda cv: {"tau": learners - 1, "schedule": "race", "cv": cv})
+
+        return st.sampled_from(cls.SCHEDULES).flatmap(table)
 
     def nominal_staleness(self):
         return float(self.tau)

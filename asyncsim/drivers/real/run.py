@@ -29,8 +29,8 @@ from asyncsim.drivers.record import start_folder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
-from asyncsim.timing.limits import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
+from asyncsim.timing.run_length import run_length
 
 # ----------------------------------------------------------------------------- Ray setup
 _GUARD: watchdog.Guard | None = None
