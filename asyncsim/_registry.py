@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar, Union
 
-from asyncsim._checks import int64
+from asyncsim._checks import choice, int64
 from asyncsim.errors import ScenarioError, did_you_mean
 
 T = TypeVar("T")
@@ -112,9 +112,7 @@ class PluginRegistry(Generic[T]):
             eps = self.entry_points(refresh=True)
         ep = eps.get(name)
         if ep is None:
-            allowed = sorted(set(self.direct) | set(eps))
-            raise ScenarioError(key, f"unknown {self.what} {name!r}; allowed: "
-                                f"{', '.join(allowed)}{did_you_mean(name, allowed)}")
+            choice(key, name, sorted(set(self.direct) | set(eps)), what=self.what)
         try:
             value = self.adapt(ep.load(), name)
         except Exception as e:  # a broken plug-in is the user's scenario problem, not a crash

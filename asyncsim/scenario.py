@@ -372,8 +372,8 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     for key, seed in (("seed", scn.seed), ("cluster.seed", scn.cluster.seed)):
         # numpy's SeedSequence takes no negative seed, and JAX keys keep 32 bits: seed 2**32
         # would silently give seed 0's batches.
-        if seed is not None and not 0 <= seed < 2**32:
-            raise ScenarioError(key, f"must be an integer in 0..{2**32 - 1}, got {seed}")
+        if seed is not None:
+            _checks.integer(key, seed, low=0, high=2**32 - 1)
     check_cluster(scn, base_dir)
     make_protocol(scn.protocol, scn.cluster.learners)  # its options, checked as it is built
     _check_optimizer(scn)
@@ -409,8 +409,7 @@ def _check_optimizer(scn: Scenario) -> None:
         make_transform(o.transform)  # built and stepped once: optax's refusals, in one line
     if o.compensation is not None:
         compensation_spec(o.compensation)
-    if not 0.0 <= o.momentum.beta < 1.0:
-        raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
+    _checks.unit_interval("optimizer.momentum.beta", o.momentum.beta)
     if choices.lr_staleness == "nominal":
         from asyncsim.timing.protocols import make_protocol  # see check
 
@@ -432,8 +431,7 @@ def _check_optimizer(scn: Scenario) -> None:
                             f"{s.decay_factor}^{len(s.decay_epochs)} overflows float32 (at most "
                             f"{FLOAT32_MAX:.4g}: the update core's precision)")
     _positive("optimizer.schedule.warmup_epochs", s.warmup_epochs, allow_zero=True)
-    if s.warmup_updates < 0:
-        raise ScenarioError("optimizer.schedule.warmup_updates", "must be >= 0")
+    _checks.integer("optimizer.schedule.warmup_updates", s.warmup_updates, low=0)
 
 
 def _check_run(scn: Scenario) -> None:
@@ -446,10 +444,9 @@ def _check_run(scn: Scenario) -> None:
         if v is not None:
             _positive(f"run.{k}", float(v))
     for k in ("eval_every", "checkpoint_every"):
-        if getattr(r, k) < 0:
-            raise ScenarioError(f"run.{k}", "must be >= 0")
-    if r.eval_samples is not None and r.eval_samples < 1:
-        raise ScenarioError("run.eval_samples", "must be a positive integer")
+        _checks.integer(f"run.{k}", getattr(r, k), low=0)
+    if r.eval_samples is not None:
+        _checks.integer("run.eval_samples", r.eval_samples)
     _checks.choice("run.sweep_path", r.sweep_path, SWEEP_PATHS, what="sweep path")
 
 
