@@ -52,8 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asyncsim import _checks
-from asyncsim._checks import flag, integer, nonneg
+from asyncsim._checks import flag, integer, memory, nonneg
 from asyncsim._io import atomic
 from asyncsim._registry import PluginRegistry, build, callable_value, option_defaults
 from asyncsim.errors import ScenarioError
@@ -99,14 +98,12 @@ _registry: PluginRegistry[Callable[..., Dataset]] = PluginRegistry(
     adapt=callable_value("a factory f(*, seed, **options) -> Dataset"))
 
 
-def register_dataset(name: str, *, replace: bool = False
-                     ) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
+def register_dataset(name: str, *, replace: bool = False) -> Callable[[Callable], Callable]:
     """Decorator registering a factory ``f(*, seed, **options) -> Dataset`` under ``name``.
 
     An installed package can instead expose the factory under the entry-point group
-    ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it. A name
-    taken by another factory is a ValueError naming both unless ``replace``
-    (:meth:`asyncsim._registry.PluginRegistry.register`).
+    ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it, and a
+    name another factory holds is a ValueError unless ``replace`` (``PluginRegistry.register``).
     """
     return _registry.decorator(name, replace=replace)
 
@@ -275,9 +272,8 @@ def _check_fits(sizes: dict[str, int], sample_bytes: int, **more: int) -> None:
     refused, by build_dataset's MemoryError)."""
     n = sum(sizes.values())
     key = max({**sizes, **more}.items(), key=lambda kv: kv[1])[0]
-    _checks.memory(key, n * sample_bytes, "the data set does not fit in this machine's "
-                   "memory: it needs", f" ({n:,} samples of {sample_bytes:,} bytes while it "
-                   "is made)")
+    memory(key, n * sample_bytes, "the data set does not fit in this machine's memory: it "
+           "needs", f" ({n:,} samples of {sample_bytes:,} bytes while it is made)")
 
 
 def _smooth_fields(rng: np.random.Generator, count: int, size: int, freq: int) -> np.ndarray:
