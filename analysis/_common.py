@@ -15,9 +15,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from asyncsim._io import read_csv, read_json, read_npz, read_toml, save_figure, write_text
-from asyncsim.config import drop_unused, rule_label
+from asyncsim.config import rule_label
 from asyncsim.runs import EDGES_CSV, scenario_toml
 from asyncsim.scenario import load_scenario, point_scenarios
+from asyncsim.timing.protocols import drop_defaults
 
 # The repository when this package runs from a checkout (analysis/ beside scenarios/); from
 # an installed wheel the scenario files are not there, and captions say so.
@@ -153,8 +154,8 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
         return (f"scenario: {scenario_file} (not a scenario file here; each run folder's "
                 "scenario.toml reruns it)")
     # As this asyncsim records them (older folders spell out fixed-delay-only defaults).
-    recorded = {f.name: drop_unused(copy.deepcopy(sc)) for f, sc in zip(folders, scns,
-                                                                           strict=True)}
+    recorded = {f.name: drop_defaults(copy.deepcopy(sc)) for f, sc in zip(folders, scns,
+                                                                             strict=True)}
     for profile in ("default", "smoke", "paper"):
         try:
             planned = point_scenarios(load_scenario(path, profile=profile, validate=False))
@@ -164,7 +165,8 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
         # that reads files records them copied or made absolute, asyncsim.drivers.folder_scenario,
         # which this JAX-free code does not redo: such runs caption as "modified". No figure
         # scenario reads a file.)
-        resolved = {name: tomllib.loads(scenario_toml(s)) for name, _, s in planned}
+        resolved = {name: drop_defaults(tomllib.loads(scenario_toml(s)))
+                    for name, _, s in planned}
         if len(recorded) == 1 and len(resolved) == 1:  # a single run: any folder name
             resolved = dict(zip(recorded, resolved.values(), strict=True))
         if all(resolved.get(k) == v for k, v in recorded.items()):

@@ -11,6 +11,7 @@ scenario validator (which passes the full dotted key) and in a factory.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
@@ -47,24 +48,48 @@ def nonneg(name: str, v: Any, *, finite: bool = True) -> float:
     return float(v)
 
 
-def integer(name: str, v: Any, *, low: int = 1, high: int | None = None) -> int:
-    """An integer in ``low..high`` (``high`` None: no upper bound), as an ``int``."""
+# TOML's integers are 64-bit (tomllib reads any): numpy, JAX and the run folder's files hold
+# no more.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def int64(name: str, v: int) -> int:
+    """An integer TOML, numpy and JAX hold: in ``INT64_MIN..INT64_MAX``."""
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise ScenarioError(name, f"must be a 64-bit integer ({INT64_MIN}..{INT64_MAX}), "
+                            f"got {v}")
+    return v
+
+
+def unit_interval(name: str, v: Any) -> float:
+    """``0 <= v < 1`` (a momentum coefficient, a dampening), as a float."""
+    if not _is_number(v) or not 0.0 <= v < 1.0:
+        raise ScenarioError(name, f"must be in [0, 1), got {v!r}")
+    return float(v)
+
+
+def integer(name: str, v: Any, *, low: int = 1, high: int | None = None,
+            bound: str = "") -> int:
+    """An integer in ``low..high`` (``high`` None: no upper bound), as an ``int``; ``bound``
+    names the key ``high`` comes from, for the message (``cluster.learners``)."""
     ok = isinstance(v, Integral) and not isinstance(v, bool) and v >= low
     if ok and high is not None:
         ok = v <= high
     if not ok:
         if high is not None:
-            what = f"an integer in {low}..{high}"
+            what = f"an integer in {low}..{high}" + (f" ({bound})" if bound else "")
         else:
             what = {1: "a positive integer", 0: "an integer >= 0"}.get(low, f"an integer >= {low}")
         raise ScenarioError(name, f"must be {what}, got {v!r}")
     return int(v)
 
 
-def choice(name: str, v: Any, allowed: Sequence[str]) -> str:
-    """One of ``allowed``, with a did-you-mean hint for a near miss."""
+def choice(name: str, v: Any, allowed: Sequence[str], *, what: str = "value") -> str:
+    """One of ``allowed``: the one choice check (names in a registry are refused in the same
+    words, :meth:`asyncsim._registry.PluginRegistry.get`), with a did-you-mean hint for a
+    near miss: ``unknown {what} 'x'; allowed: a, b``."""
     if v not in allowed:
-        raise ScenarioError(name, f"must be one of {', '.join(map(repr, allowed))}, got {v!r}"
+        raise ScenarioError(name, f"unknown {what} {v!r}; allowed: {', '.join(allowed)}"
                             f"{did_you_mean(v, allowed)}")
     return v
 
@@ -84,3 +109,29 @@ def shape(name: str, v: Any) -> tuple[int, ...]:
             or not all(isinstance(x, Integral) and not isinstance(x, bool) and x > 0 for x in v)):
         raise ScenarioError(name, f"must be a list of positive integers, got {v!r}")
     return tuple(int(x) for x in v)
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes; None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def memory(name: str, need: float, what: str, detail: str = "", *,
+           allowed: float | None = None, allowed_by: str = "") -> None:
+    """The one memory check: refuse, before anything is built, what needs more than
+    ``allowed`` bytes (None: this machine's memory; not known: nothing is refused), in one
+    line under ``name``: ``{what} about N GiB{detail}; this machine has M GiB``, or ``...;
+    more than the M GiB allowed ({allowed_by})`` for a limit the caller sets."""
+    have = physical_memory() if allowed is None else allowed
+    if have is not None and not need <= have:
+        need = min(need, 1e300)  # an integer beyond float range (TOML's are unbounded)
+        limit = (f"this machine has {_bytes(have)}" if allowed is None else
+                 f"more than the {_bytes(have)} allowed ({allowed_by or name})")
+        raise ScenarioError(name, f"{what} about {_bytes(need)}{detail}; {limit}")

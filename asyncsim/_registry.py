@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar, Union
 
+from asyncsim._checks import choice, int64
 from asyncsim.errors import ScenarioError, did_you_mean
 
 T = TypeVar("T")
@@ -111,9 +112,7 @@ class PluginRegistry(Generic[T]):
             eps = self.entry_points(refresh=True)
         ep = eps.get(name)
         if ep is None:
-            allowed = sorted(set(self.direct) | set(eps))
-            raise ScenarioError(key, f"unknown {self.what} {name!r}; allowed: "
-                                f"{', '.join(allowed)}{did_you_mean(name, allowed)}")
+            choice(key, name, sorted(set(self.direct) | set(eps)), what=self.what)
         try:
             value = self.adapt(ep.load(), name)
         except Exception as e:  # a broken plug-in is the user's scenario problem, not a crash
@@ -122,13 +121,46 @@ class PluginRegistry(Generic[T]):
         self.plugins[name] = value
         return value
 
-    def decorator(self, name: str) -> Callable[[T], T]:
-        """A decorator registering its argument as ``name`` (direct: it wins over an entry
-        point of that name) and returning it unchanged."""
+    def register(self, name: str, obj: Any, *, replace: bool = False) -> T:
+        """Register ``obj`` as ``name``, the one rule of every plug-in kind: checked by the
+        registry's ``adapt`` (a delay model's class, a protocol's, a factory, a rule), it wins
+        over an entry point of that name. Returns the registered value.
 
-        def deco(value: T) -> T:
-            self.direct[name] = value
-            return value
+        A name another object holds is refused unless ``replace``; the same definition again
+        (same module and qualified name: a reloaded module, a re-run notebook cell) replaces
+        it. Anonymous functions (lambdas) are the same only when they are the same object.
+
+        Raises:
+            ValueError: ``name`` is not a non-empty string without spaces, or it is taken
+                by another object (the message names both) and ``replace`` is false.
+            TypeError: ``obj`` is not what the registry holds (``adapt`` refuses it).
+        """
+        self.check_name(name)
+        value = self.adapt(obj, name)
+        old = self.direct.get(name)
+        if old is not None and not replace and not _same_definition(old, value):
+            raise ValueError(f"{self.what} {name!r} is already registered to "
+                             f"{origin(old)}; cannot register {origin(value)} "
+                             f"(replace=True replaces it)")
+        self.direct[name] = value
+        return value
+
+    def check_name(self, name: Any) -> str:
+        """``name`` if it can name a plug-in: a non-empty string without spaces (a scenario
+        key's value); else ValueError."""
+        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+            raise ValueError(f"a {self.what} name must be a non-empty string without "
+                             f"spaces, got {name!r}")
+        return name
+
+    def decorator(self, name: str, *, replace: bool = False) -> Callable[[Any], Any]:
+        """A decorator :meth:`register`-ing its argument as ``name`` and returning it
+        unchanged (``name`` is checked at once)."""
+        self.check_name(name)
+
+        def deco(obj: Any) -> Any:
+            self.register(name, obj, replace=replace)
+            return obj
 
         return deco
 
@@ -149,6 +181,21 @@ class PluginRegistry(Generic[T]):
         """Drop loaded entry points and the scan (tests that install and remove a plug-in)."""
         self.plugins.clear()
         self._eps = None
+
+
+def origin(obj: Any) -> str:
+    """``module.qualname`` of a registered object (a duck-typed delay model: the user's
+    class), for messages and for :meth:`PluginRegistry.register`'s same-definition rule."""
+    src = getattr(obj, "_wrapped", obj)
+    name = getattr(src, "__qualname__", None) or type(src).__qualname__
+    return f"{getattr(src, '__module__', None) or '?'}.{name}"
+
+
+def _same_definition(old: Any, new: Any) -> bool:
+    a, b = getattr(old, "_wrapped", old), getattr(new, "_wrapped", new)
+    if a is b:
+        return True
+    return origin(a) == origin(b) and not origin(a).endswith("<lambda>")
 
 
 def by_group() -> dict[str, PluginRegistry]:
@@ -283,7 +330,7 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
         elif t is int:
             wants.append("an integer")
             if isinstance(value, int) and not isinstance(value, bool):
-                return value
+                return int64(key, value)
         elif t is bool:
             wants.append("true or false")
             if isinstance(value, bool):

@@ -40,7 +40,7 @@ from typing import Any
 
 from asyncsim import _io
 from asyncsim._io import dump_toml
-from asyncsim.config import Scenario, drop_unused, to_dict
+from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
 from asyncsim.trace import FILES as TRACE_FILES
 
@@ -437,9 +437,8 @@ def _remove(p: Path) -> None:
 # ----------------------------------------------------------------------------- TOML out
 def scenario_dict(scn: Scenario) -> dict[str, Any]:
     """The resolved scenario as a run folder records it, before its input files are placed
-    (:func:`asyncsim.drivers.folder_scenario.folder_scenario` does that): no ``source``, and no
-    defaults of keys its protocol does not read."""
-    d = drop_unused(to_dict(scn))
+    (:func:`asyncsim.drivers.folder_scenario.folder_scenario` does that): no ``source``."""
+    d = to_dict(scn)
     d.pop("source", None)
     return d
 

@@ -363,7 +363,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     # this runs) should be reported at once (tests/cli/test_cli.py).
     from asyncsim.numerics.data import check_batch_size, declared_train_size
     from asyncsim.timing.checks import check_cluster
-    from asyncsim.timing.protocols import get_protocol_class
+    from asyncsim.timing.protocols import make_protocol
 
     if not _NAME.fullmatch(scn.name):
         raise ScenarioError("name", "names the run folder (runs/NAME/seedN): must be 1 to 100 "
@@ -371,10 +371,10 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     for key, seed in (("seed", scn.seed), ("cluster.seed", scn.cluster.seed)):
         # numpy's SeedSequence takes no negative seed, and JAX keys keep 32 bits: seed 2**32
         # would silently give seed 0's batches.
-        if seed is not None and not 0 <= seed < 2**32:
-            raise ScenarioError(key, f"must be an integer in 0..{2**32 - 1}, got {seed}")
+        if seed is not None:
+            _checks.integer(key, seed, low=0, high=2**32 - 1)
     check_cluster(scn, base_dir)
-    get_protocol_class(scn.protocol.kind).check(scn.protocol, scn.cluster.learners)
+    make_protocol(scn.protocol, scn.cluster.learners)  # its options, checked as it is built
     _check_optimizer(scn)
     _check_factory("model", scn.model.name, scn.model.options)
     _check_factory("data", scn.data.name, scn.data.options)
@@ -408,12 +408,11 @@ def _check_optimizer(scn: Scenario) -> None:
         make_transform(o.transform)  # built and stepped once: optax's refusals, in one line
     if o.compensation is not None:
         compensation_spec(o.compensation)
-    if not 0.0 <= o.momentum.beta < 1.0:
-        raise ScenarioError("optimizer.momentum.beta", f"must be in [0, 1), got {o.momentum.beta}")
+    _checks.unit_interval("optimizer.momentum.beta", o.momentum.beta)
     if choices.lr_staleness == "nominal":
-        from asyncsim.timing.protocols import get_protocol_class  # see check
+        from asyncsim.timing.protocols import make_protocol  # see check
 
-        proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+        proto = make_protocol(scn.protocol, scn.cluster.learners)
         if proto.nominal_staleness() is None:
             raise ScenarioError("optimizer.lr_staleness",
                                 f"{NOMINAL_NEEDS}; {scn.protocol.kind!r} has none")
@@ -431,8 +430,7 @@ def _check_optimizer(scn: Scenario) -> None:
                             f"{s.decay_factor}^{len(s.decay_epochs)} overflows float32 (at most "
                             f"{FLOAT32_MAX:.4g}: the update core's precision)")
     _positive("optimizer.schedule.warmup_epochs", s.warmup_epochs, allow_zero=True)
-    if s.warmup_updates < 0:
-        raise ScenarioError("optimizer.schedule.warmup_updates", "must be >= 0")
+    _checks.integer("optimizer.schedule.warmup_updates", s.warmup_updates, low=0)
 
 
 def _check_run(scn: Scenario) -> None:
@@ -445,13 +443,10 @@ def _check_run(scn: Scenario) -> None:
         if v is not None:
             _positive(f"run.{k}", float(v))
     for k in ("eval_every", "checkpoint_every"):
-        if getattr(r, k) < 0:
-            raise ScenarioError(f"run.{k}", "must be >= 0")
-    if r.eval_samples is not None and r.eval_samples < 1:
-        raise ScenarioError("run.eval_samples", "must be a positive integer")
-    if r.sweep_path not in SWEEP_PATHS:
-        raise ScenarioError("run.sweep_path", f"unknown sweep path {r.sweep_path!r}; allowed: "
-                            f"{', '.join(SWEEP_PATHS)}{did_you_mean(r.sweep_path, SWEEP_PATHS)}")
+        _checks.integer(f"run.{k}", getattr(r, k), low=0)
+    if r.eval_samples is not None:
+        _checks.integer("run.eval_samples", r.eval_samples)
+    _checks.choice("run.sweep_path", r.sweep_path, SWEEP_PATHS, what="sweep path")
 
 
 def _check_measure(scn: Scenario) -> None:
@@ -539,9 +534,10 @@ def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
     # fixed-delay runs tau + 1 workers: a tau sweep moves the worker count along with it
     # unless the point sets cluster.learners itself.
     proto = raw.get("protocol", {})
+    tau = scn.protocol.options.get("tau")
     if (proto.get("kind") == "fixed-delay" and "protocol.tau" in point
-            and "cluster.learners" not in point and scn.protocol.tau is not None
-            and scn.cluster.learners == scn.protocol.tau + 1):
+            and "cluster.learners" not in point and isinstance(tau, int)
+            and scn.cluster.learners == tau + 1):
         raw["cluster"]["learners"] = proto["tau"] + 1
     try:
         return from_dict(Scenario, raw)

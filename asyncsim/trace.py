@@ -84,6 +84,18 @@ DOWN_COLUMNS: dict[str, type] = {
 # The most learners a run has (cluster.learners' bound): a trace's learner ids are below it.
 MAX_LEARNERS = 100_000
 
+# Bytes of one gradient's trace row (9 columns of 8 bytes) plus its share of an update row,
+# the Python-side buffers while the simulation grows them, and the saved copy.
+ROW_BYTES = 2 * (9 * 8 + 4 * 8)
+
+
+def check_fits(key: str, gradients: float) -> None:
+    """Refuse, before a run starts, a trace of ``gradients`` rows that would need more than
+    the machine's memory (``run.updates = 1e18`` would otherwise grow without end), in one
+    line under ``key``."""
+    _checks.memory(key, gradients * ROW_BYTES, f"a trace of {gradients:.3g} gradients needs",
+                   f" ({ROW_BYTES} bytes each)")
+
 
 def _text(name: str, v: Any) -> Any:
     if v is not None and not isinstance(v, str):

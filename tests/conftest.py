@@ -72,7 +72,7 @@ def num_cache():
 
     def get(scn):
         key = (scn.seed, repr(scn.model), repr(scn.data), repr(scn.optimizer),
-               scn.cluster.learners, scn.protocol)
+               scn.cluster.learners, repr(scn.protocol))
         if key not in cache:
             cache[key] = numerics_for(scn)
         return cache[key]

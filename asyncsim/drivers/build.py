@@ -14,7 +14,7 @@ from asyncsim.config import Scenario
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.numerics.parts import build_model
-from asyncsim.timing.protocols import get_protocol_class
+from asyncsim.timing.protocols import make_protocol
 
 __all__ = ["message_bytes", "numerics_for"]
 
@@ -24,7 +24,7 @@ def numerics_for(scn: Scenario, **kw: Any) -> Numerics:
     gradients per update (a timing fact that epoch-based schedules need) and its nominal
     delay (for ``lr_staleness = "nominal"``). ``kw``: :class:`Numerics`' other keywords
     (``grouping``)."""
-    proto = get_protocol_class(scn.protocol.kind)(scn.protocol, scn.cluster.learners)
+    proto = make_protocol(scn.protocol, scn.cluster.learners)
     return Numerics(scn.model, scn.data, scn.optimizer, seed=scn.seed,
                     num_learners=scn.cluster.learners, base_dir=scn.base_dir,
                     source=scn.source, grads_per_update=1.0 / proto.updates_per_gradient(),

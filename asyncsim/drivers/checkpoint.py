@@ -25,7 +25,7 @@ from asyncsim.drivers.metrics import Recorder
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import CoreState
 from asyncsim.numerics.numerics import EvalRecord, Numerics
-from asyncsim.timing.protocols import timing_revision
+from asyncsim.timing.protocols import protocol_options, timing_revision
 
 CKPT = "checkpoint.npz"
 
@@ -95,8 +95,9 @@ def check_checkpoint(folder: Path, scn: Scenario) -> dict[str, Any]:
     extra = checkpoint_meta(folder).get("extra", {})
     revision = timing_revision(scn.protocol)
     if extra.get("timing_revision") != revision:
+        schedule = protocol_options(scn.protocol)["schedule"]
         raise ScenarioError("protocol.schedule", f"{folder / CKPT} was made under another "
-                            f"timing model of schedule {scn.protocol.schedule!r} (before "
+                            f"timing model of schedule {schedule!r} (before "
                             f"asyncsim 0.3 it was the racing model, now \"race\"); "
                             f"{_START_OVER}", file=str(folder))
     return check_resume(folder, extra.get("scenario"), scn)

@@ -313,8 +313,9 @@ class Driver:
         if self.scn.optimizer.lr_staleness == "nominal":
             tau_bar = self.num.nominal_staleness
         out = {"lr_at_mean_tau": rate_at_delay(rule, lr, tau_bar)}
-        if self.scn.protocol.tau is not None:
-            out["lr_at_tau"] = rate_at_delay(rule, lr, self.scn.protocol.tau)
+        tau = self.scn.protocol.options.get("tau")  # fixed-delay's
+        if tau is not None:
+            out["lr_at_tau"] = rate_at_delay(rule, lr, tau)
         return out
 
     def checkpoint_extra(self, done: int) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
 from asyncsim.timing.delays.base import spec_files
+from asyncsim.timing.protocols import drop_defaults
 
 # Where a scenario's cluster holds delay specs (cluster.compute and cluster.availability may
 # be one per learner; a learner's availability holds two).
@@ -115,8 +116,9 @@ def scenario_changes(saved: Mapping[str, Any], scn: Scenario, *,
     a later asyncsim does not make an old folder "changed"). What changes no number (the
     ``[figure]`` table, ``description``) is not compared. ``now``: :func:`folder_scenario`
     of ``scn``, when the caller has it."""
-    now = _with_option_defaults(_plain(now if now is not None else folder_scenario(scn)[0]))
-    then = _with_option_defaults(_plain(dict(saved)))
+    now = _with_option_defaults(drop_defaults(
+        _plain(now if now is not None else folder_scenario(scn)[0])))
+    then = _with_option_defaults(drop_defaults(_plain(dict(saved))))
     for d in (now, then):
         d.pop("figure", None)
         d.pop("description", None)

@@ -25,7 +25,7 @@ from asyncsim.drivers.driver import Driver, Monitor, RunResult
 from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.timing.cluster import Simulation
-from asyncsim.timing.limits import run_length
+from asyncsim.timing.run_length import run_length
 
 
 def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,

@@ -72,8 +72,7 @@ def install_registrations(regs: list[tuple[str, str, Any]]) -> None:
     registration of the same name: the scenario means the driver's object)."""
     groups = registries()
     for group, name, obj in regs:
-        reg = groups[group]
-        reg.direct[name] = reg.adapt(obj, name)
+        groups[group].register(name, obj, replace=True)
 
 
 def pack_plugins(scenarios: list[Scenario]) -> bytes | None:

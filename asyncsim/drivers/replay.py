@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from asyncsim import runs
+from asyncsim import _checks, runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.batched import Batched
 from asyncsim.drivers.build import numerics_for
@@ -103,12 +103,13 @@ def check_memory(held: int, trace: Trace, need: int, max_memory: int, *,
     """Refuse, before anything is allocated, a replay whose ``held`` versions (or pending
     gradients: ``what``) need more than ``max_memory`` bytes (``points``: a vmapped sweep
     holds them once per sweep point)."""
-    if need > max_memory:
-        each = f" for each of {points} sweep points" if points > 1 else ""
-        raise ReplayMemoryError(
-            f"replaying this trace holds {held} {what} at once{each} (max "
-            f"staleness {trace.max_staleness}): {need / 2**20:.1f} MiB, more than the "
-            f"{max_memory / 2**20:.1f} MiB allowed (max_memory)")
+    each = f" for each of {points} sweep points" if points > 1 else ""
+    try:
+        _checks.memory("max_memory", need, f"replaying this trace holds {held} {what} at "
+                       f"once{each} (max staleness {trace.max_staleness}):",
+                       allowed=max_memory)
+    except ScenarioError as e:  # the caller's limit, not a scenario key
+        raise ReplayMemoryError(e.message) from None
 
 
 def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force: bool = False,

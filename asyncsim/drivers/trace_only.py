@@ -17,7 +17,7 @@ from asyncsim.drivers.build import message_bytes
 from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.cluster import Simulation
-from asyncsim.timing.limits import run_length
+from asyncsim.timing.run_length import run_length
 from asyncsim.trace import Trace
 
 if TYPE_CHECKING:

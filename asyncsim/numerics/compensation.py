@@ -57,7 +57,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from asyncsim._checks import is_finite
+from asyncsim._checks import choice, is_finite
 from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.numerics.chain import Piece, no_state, zero_padding
 
@@ -93,9 +93,7 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
     if not isinstance(spec, Mapping):
         raise ScenarioError(key, f"must be a table {{ kind = \"dc-asgd\", ... }}, got {spec!r}")
     kind = spec.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise ScenarioError(f"{key}.kind", f"unknown compensation {kind!r}; allowed: "
-                            f"{', '.join(KINDS)}{did_you_mean(str(kind), list(KINDS))}")
+    choice(f"{key}.kind", kind, tuple(KINDS), what="compensation")
     allowed = KINDS[kind]
     out = {k: d for k, (d, _) in allowed.items()}
     for k, v in spec.items():

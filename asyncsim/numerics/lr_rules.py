@@ -82,16 +82,11 @@ def register_lr_rule(name: str, fn: LrRule | None = None, *, replace: bool = Fal
     under the entry-point group ``asyncsim.lr_rules`` (docs/plugins.md).
 
     Raises:
-        ValueError: ``name`` is taken and ``replace`` is false.
+        ValueError: ``name`` is taken by another function and ``replace`` is false (the
+            rule of every plug-in kind, :meth:`asyncsim._registry.PluginRegistry.register`).
     """
-
-    def _register(f: LrRule) -> LrRule:
-        if name in _lr_rules.direct and not replace:
-            raise ValueError(f"learning-rate rule {name!r} is already registered")
-        _lr_rules.direct[name] = f
-        return f
-
-    return _register(fn) if fn is not None else _register
+    deco = _lr_rules.decorator(name, replace=replace)
+    return deco(fn) if fn is not None else deco
 
 
 def available_lr_rules() -> list[str]:

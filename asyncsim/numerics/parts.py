@@ -11,7 +11,8 @@ from typing import Any
 
 import jax
 
-from asyncsim.config import DataConfig, ModelConfig, check_memory, physical_memory
+from asyncsim import _checks
+from asyncsim.config import DataConfig, ModelConfig
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import Dataset, get_dataset
 from asyncsim.numerics.models import Model, get_model, num_params
@@ -45,12 +46,12 @@ def _check_model_fits(model: Model, options: Any) -> None:
     except (MemoryError, OverflowError, ValueError, TypeError) as e:
         # The shapes alone are too big (numpy's and XLA's refusals of a dimension beyond
         # 64 bits); a ValueError from a model with sizes that fit is the model's own.
-        have = physical_memory()
+        have = _checks.physical_memory()
         if isinstance(e, ValueError | TypeError) and not (
                 have is not None and 4 * _largest_int(options) > have):
             raise
         raise ScenarioError(key, f"{what} ({' '.join(str(e).split())[:120]})") from None
-    check_memory(key, count * PARAM_BYTES, f"{what}: its {count:,} parameters need",
+    _checks.memory(key, count * PARAM_BYTES, f"{what}: its {count:,} parameters need",
                  f" ({PARAM_BYTES} bytes each: float32 parameters, a gradient, the update)")
 
 

@@ -32,9 +32,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from asyncsim._checks import is_finite
+from asyncsim._checks import choice, is_finite
 from asyncsim._registry import call_checked, check_options
-from asyncsim.errors import ScenarioError, did_you_mean
+from asyncsim.errors import ScenarioError
 from asyncsim.numerics.chain import Piece
 
 KEY = "optimizer.transform"
@@ -87,9 +87,7 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
     if "name" not in spec:
         raise ScenarioError(f"{key}.name", f"missing: the optax optimizer to step the PS, one "
                             f"of: {', '.join(names)}")
-    if not isinstance(name, str) or name not in names:
-        raise ScenarioError(f"{key}.name", f"unknown optax optimizer {name!r}; allowed: "
-                            f"{', '.join(names)}{did_you_mean(str(name), names)}")
+    choice(f"{key}.name", name, names, what="optax optimizer")
     options = {k: v for k, v in spec.items() if k != "name"}
     if "learning_rate" in options:
         raise ScenarioError(f"{key}.learning_rate", "is set by asyncsim: optimizer.lr x "

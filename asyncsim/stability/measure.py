@@ -35,6 +35,7 @@ from asyncsim.runs import EDGES_CSV, SHARPNESS_CSV
 from asyncsim.stability.closed_form import edge
 from asyncsim.stability.measured import edges_of_traces
 from asyncsim.stability.sharpness import sharpness
+from asyncsim.timing.protocols import protocol_options
 from asyncsim.trace import Trace
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def observes_along(scn: Scenario) -> bool:
 def rate_at_tau(scn: Scenario) -> float:
     """The per-gradient rate ``scn``'s rule gives at its protocol's delay τ (``lr`` without
     one): the rate a round-robin run uses from its first τ updates on."""
-    lr, tau = scn.optimizer.lr, scn.protocol.tau
+    lr, tau = scn.optimizer.lr, scn.protocol.options.get("tau")
     return lr if tau is None else rate_at_delay(scn.optimizer.lr_rule, lr, tau)
 
 
@@ -95,7 +96,7 @@ class Sharpness:
         m = scn.measure
         if every is None:  # the scenario validator requires run.updates with points
             every = max(1, scn.run.updates // m.sharpness_points) if observes_along(scn) else 0
-        return cls(m, lr=rate_at_tau(scn), tau=scn.protocol.tau,
+        return cls(m, lr=rate_at_tau(scn), tau=scn.protocol.options.get("tau"),
                    lr_rule=scn.optimizer.lr_rule, every=every, **kw)
 
     def _batch(self, driver: Driver):
@@ -200,7 +201,7 @@ def sweep_edges(out: Path, points: Sequence[Mapping[str, Any]]) -> Path:
             (p["point"], scn, Trace.load(out / p["point"])))
     rows = []
     for members in groups.values():
-        big = max(members, key=lambda m: m[1].protocol.tau)[1]
+        big = max(members, key=lambda m: m[1].protocol.options["tau"])[1]
         kinds = big.measure.edge_momenta or (big.optimizer.momentum.kind,)
         own = big.optimizer.momentum
         for kind in kinds:
@@ -213,9 +214,10 @@ def sweep_edges(out: Path, points: Sequence[Mapping[str, Any]]) -> Path:
             measured = edges_of_traces(dataclasses.replace(big, optimizer=opt),
                                        [t for _, _, t in members])
             for (point, scn, trace), x in zip(members, measured, strict=True):
-                tau = int(scn.protocol.tau)
+                tau = int(scn.protocol.options["tau"])
                 closed = float(edge(tau, kind, beta, dampening=damp or 0.0))
-                rows.append({"point": point, "tau": tau, "schedule": scn.protocol.schedule,
+                schedule = protocol_options(scn.protocol)["schedule"]
+                rows.append({"point": point, "tau": tau, "schedule": schedule,
                              "momentum": kind, "beta": beta, "measured": float(x),
                              "closed_form": closed,
                              "staleness_mean": float(trace.staleness.mean()),

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim.config import Scenario
+from asyncsim.timing.protocols import protocol_options
 from asyncsim.trace import Trace, away_intervals
 
 
@@ -163,8 +164,8 @@ def _check_protocol(trace: Trace, scenario: Scenario) -> None:
     g, u = trace.grads, trace.updates
     m = trace.num_updates
     lam = scenario.cluster.learners
-    proto = scenario.protocol
-    kind = proto.kind
+    kind = scenario.protocol.kind
+    proto = protocol_options(scenario.protocol)  # the options, defaults filled in
     if kind == "hardsync":
         _fail("hardsync staleness must be 0", trace, g["staleness"] != 0)
         short_ok = trace.num_down > 0 or (trace.meta.get("kind") == "real"
@@ -183,7 +184,7 @@ def _check_protocol(trace: Trace, scenario: Scenario) -> None:
         if trace.num_down:
             _check_hardsync_down(trace, lam)
     elif kind == "softsync":
-        c = lam // proto.n
+        c = lam // proto["n"]
         if np.any(u["n_grads"] != c):
             bad = int(np.flatnonzero(u["n_grads"] != c)[0])
             raise TraceInvariantError(f"softsync update {bad} took {u['n_grads'][bad]} "
@@ -191,12 +192,12 @@ def _check_protocol(trace: Trace, scenario: Scenario) -> None:
     elif kind in ("async", "ssp", "fixed-delay"):
         if np.any(u["n_grads"] != 1):
             raise TraceInvariantError(f"{kind} updates must take one gradient each")
-    if kind == "fixed-delay" and proto.schedule == "round-robin":
-        want = np.minimum(g["apply_version"], proto.tau)
-        _fail(f"fixed-delay staleness must be min(version, tau={proto.tau})", trace,
+    if kind == "fixed-delay" and proto["schedule"] == "round-robin":
+        want = np.minimum(g["apply_version"], proto["tau"])
+        _fail(f"fixed-delay staleness must be min(version, tau={proto['tau']})", trace,
               g["staleness"] != want)
     if kind == "ssp":
-        _check_ssp(trace, lam, proto.s)
+        _check_ssp(trace, lam, proto["s"])
 
 
 def _check_hardsync_down(trace: Trace, lam: int) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +11,10 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from asyncsim._registry import PluginRegistry, alternatives, by_group, signature_options
 from asyncsim.config import ClusterConfig, ProtocolConfig, Scenario, from_dict
+from asyncsim.timing import delays  # noqa: F401  (its registry, with the built-ins)
+from asyncsim.timing.protocols import FixedDelay
 
 __all__ = [
     "clusters",
@@ -22,21 +26,33 @@ __all__ = [
 
 # --- strategies ---
 
-# Built-ins the strategies can generate; ``empirical`` needs a CSV file, so it is not here.
-DELAY_DISTS = (
-    "constant",
-    "exponential",
-    "gamma",
-    "lognormal",
-    "normal",
-    "shifted-exponential",
-    "straggler",
-    "uniform",
-)
-PROTOCOL_KINDS = ("async", "softsync", "hardsync", "ssp", "fixed-delay")
-FIXED_DELAY_MAX_TAU = 16
 _MIN_MEAN = 1e-3  # keep durations away from 0 so runs make progress in simulated time
 _MAX_GRADIENTS = 2000  # per generated scenario, so that simulating one takes milliseconds
+
+
+def _registry(group: str) -> PluginRegistry:
+    """The registry of delay models or protocols (the timing layer's: no JAX imported)."""
+    return by_group()[group]
+
+
+def _builtins(group: str, hook: str) -> tuple[str, ...]:
+    """The built-in names of ``group`` whose class declares its strategy (``hook``): a new
+    built-in is drawn as soon as it declares one, in its own file."""
+    reg = _registry(group)
+    return tuple(n for n in reg.builtin_names() if callable(getattr(reg.get(n), hook, None)))
+
+
+# Built-ins the strategies generate: the delay models that declare their strategy on the
+# class (``empirical`` needs a CSV file, so it declares none); every protocol (one without
+# options_strategy draws options derived from its signature: async and hardsync have none).
+DELAY_DISTS = _builtins("asyncsim.delays", "spec_strategy")
+PROTOCOL_KINDS = tuple(_registry("asyncsim.protocols").builtin_names())
+FIXED_DELAY_MAX_TAU = FixedDelay.MAX_TAU  # fixed-delay's generated tau: 0..16
+
+
+def _plugins(group: str, builtin: tuple[str, ...]) -> list[str]:
+    return [n for n in _registry(group).names() if n not in _registry(group).builtin_names()
+            and n not in builtin]
 
 
 def _check_names(arg: str, given: Sequence[str] | None, known: Sequence[str]) -> tuple[str, ...]:
@@ -49,39 +65,36 @@ def _check_names(arg: str, given: Sequence[str] | None, known: Sequence[str]) ->
     return given
 
 
+def _dist_names(dists: Sequence[str] | None) -> tuple[str, ...]:
+    """``dists`` checked: built-ins with a strategy, and any plug-in (installed or
+    registered); by default the built-ins only, so a test's draws do not change with what
+    is installed."""
+    known = (*DELAY_DISTS, *_plugins("asyncsim.delays", DELAY_DISTS + ("empirical",)))
+    return _check_names("dists", dists if dists is not None else DELAY_DISTS, known)
+
+
+def _kind_names(kinds: Sequence[str] | None) -> tuple[str, ...]:
+    """``kinds`` checked: built-ins and plug-ins alike (default: the built-ins)."""
+    known = (*PROTOCOL_KINDS, *_plugins("asyncsim.protocols", PROTOCOL_KINDS))
+    return _check_names("kinds", kinds if kinds is not None else PROTOCOL_KINDS, known)
+
+
 def _fraction(lo: float = 0.0, hi: float = 1.0) -> st.SearchStrategy[float]:
     return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
 
 
-@st.composite
-def _spec(draw: st.DrawFn, dist: str, max_mean: float, dists: tuple[str, ...]) -> dict[str, Any]:
-    """One spec of ``dist`` whose mean lies in [_MIN_MEAN, max_mean]."""
-    if dist == "straggler":
-        p = draw(_fraction(0.0, 0.5))
-        factor = draw(_fraction(1.0, 10.0))
-        base_dists = tuple(d for d in dists if d in DELAY_DISTS and d != "straggler") or (
-            "constant",)
-        base_max = max_mean / (1.0 - p + p * factor)
-        if base_max < _MIN_MEAN:  # no room for a slowdown under a tiny max_mean
-            p, base_max = 0.0, max_mean
-        base = draw(st.sampled_from(base_dists).flatmap(lambda d: _spec(d, base_max, dists)))
-        return {"dist": "straggler", "base": base, "p": p, "factor": factor}
-    m = draw(_fraction(_MIN_MEAN, max_mean))
-    if dist == "constant":
-        return {"dist": "constant", "value": m}
-    if dist == "uniform":
-        low = m * draw(_fraction())
-        return {"dist": "uniform", "low": low, "high": max(2.0 * m - low, low)}
-    if dist == "normal":
-        return {"dist": "normal", "mean": m, "std": m * draw(_fraction())}
-    if dist in ("lognormal", "gamma"):
-        return {"dist": dist, "mean": m, "cv": draw(_fraction(0.0, 2.0))}
-    if dist == "exponential":
-        return {"dist": "exponential", "mean": m}
-    if dist == "shifted-exponential":
-        f = draw(_fraction(0.0, 0.99))
-        return {"dist": dist, "shift": m * f, "mean_excess": m * (1.0 - f)}
-    raise InvalidArgument(f"no strategy for delay model {dist!r}")  # pragma: no cover
+def _spec(dist: str, max_mean: float, dists: tuple[str, ...]) -> st.SearchStrategy[dict]:
+    """Specs of ``dist`` whose mean lies in [_MIN_MEAN, max_mean]: a built-in's from its
+    class's ``spec_strategy``, a plug-in's from :func:`plugin_specs`. A nested spec (a
+    straggler's base) is one of the other ``dists`` given."""
+    if dist not in DELAY_DISTS:
+        return plugin_specs(dist, max_mean)
+    own = _registry("asyncsim.delays").get(dist, "dist").spec_strategy
+    kw = {}
+    inner = tuple(d for d in dists if d != dist)
+    if inner and "nested" in inspect.signature(own).parameters:
+        kw["nested"] = lambda m: st.sampled_from(inner).flatmap(lambda d: _spec(d, m, inner))
+    return own(max_mean, **kw).map(lambda p: {"dist": dist, **p})
 
 
 def delay_specs(
@@ -92,22 +105,48 @@ def delay_specs(
     Args:
         dists: names to draw from (default: every built-in except ``empirical``, which needs
             a file); a plug-in's name (installed or registered) draws :func:`plugin_specs`.
-            ``straggler`` nests a spec of one of the other built-ins given.
+            ``straggler`` nests a spec of one of the other models given (a constant one
+            when it is the only one).
         max_mean: upper bound on the mean of a generated model (its lower bound is 1e-3).
 
     Every spec is accepted by :func:`asyncsim.delays.make_delay`, and the model's analytic
     ``mean`` (untruncated for ``normal``) is at most ``max_mean``.
     """
-    from asyncsim.timing.delays import available_delays
-
-    plugins = [d for d in available_delays() if d not in DELAY_DISTS and d != "empirical"]
-    # By default the built-ins only, so a test's draws do not change with what is installed.
-    names = _check_names("dists", dists if dists is not None else DELAY_DISTS,
-                         (*DELAY_DISTS, *plugins))
+    names = _dist_names(dists)
     if not max_mean >= _MIN_MEAN:
         raise InvalidArgument(f"max_mean={max_mean!r} must be >= {_MIN_MEAN}")
-    return st.sampled_from(names).flatmap(
-        lambda d: _spec(d, max_mean, names) if d in DELAY_DISTS else plugin_specs(d, max_mean))
+    return st.sampled_from(names).flatmap(lambda d: _spec(d, max_mean, names))
+
+
+def _derived(what: str, fn: Any, hook: str, *, skip: tuple[str, ...] = (),
+             floats: tuple[float, float] = (_MIN_MEAN, 10.0)) -> st.SearchStrategy[dict]:
+    """Option tables derived from ``fn``'s signature (the parameter list asyncsim checks
+    scenarios against): a ``float`` in ``floats``, an ``int`` in 0..10, a ``bool``; a
+    parameter with a default is sometimes left out; one of another type keeps its default,
+    and a required one of another type needs the class's own ``hook``."""
+    sig, hints, _ = signature_options(fn)
+    fields: dict[str, st.SearchStrategy[Any]] = {}
+    optional: list[str] = []
+    for name, param in sig.items():
+        if name in skip:
+            continue
+        kinds = alternatives(hints.get(name))
+        if float in kinds:
+            value = _fraction(*floats)
+        elif bool in kinds:
+            value = st.booleans()
+        elif int in kinds:
+            value = st.integers(0, 10)
+        elif param.default is not param.empty:
+            continue  # a type no strategy is derived for: keep its default
+        else:
+            raise InvalidArgument(f"{what}: no strategy for its required parameter "
+                                  f"{name!r}; give the class a classmethod {hook}")
+        fields[name] = value
+        if param.default is not param.empty:
+            optional.append(name)
+    return st.fixed_dictionaries({k: v for k, v in fields.items() if k not in optional},
+                                 optional={k: fields[k] for k in optional})
 
 
 def plugin_specs(dist: str, max_mean: float = 10.0) -> st.SearchStrategy[dict[str, Any]]:
@@ -122,39 +161,14 @@ def plugin_specs(dist: str, max_mean: float = 10.0) -> st.SearchStrategy[dict[st
     and whose model's ``mean`` (when it knows one) is at most ``max_mean`` are drawn; a
     required parameter of another type (a file path) needs ``spec_strategy``.
     """
-    from asyncsim._registry import alternatives, signature_options
-    from asyncsim.drivers.plugins import registries
     from asyncsim.errors import ScenarioError
     from asyncsim.timing.delays import make_delay
 
-    cls = registries()["asyncsim.delays"].get(dist, "dist")
+    cls = _registry("asyncsim.delays").get(dist, "dist")
     own = getattr(getattr(cls, "_wrapped", cls), "spec_strategy", None)
-    if own is not None:
-        params = own(max_mean)
-    else:
-        sig, hints, _ = signature_options(cls)
-        fields: dict[str, st.SearchStrategy[Any]] = {}
-        optional: list[str] = []
-        for name, param in sig.items():
-            kinds = alternatives(hints.get(name))
-            if float in kinds:
-                value = _fraction(_MIN_MEAN, max_mean)
-            elif bool in kinds:
-                value = st.booleans()
-            elif int in kinds:
-                value = st.integers(0, 10)
-            elif param.default is not param.empty:
-                continue  # a type no strategy is derived for: keep its default
-            else:
-                raise InvalidArgument(f"delay model {dist!r}: no strategy for its required "
-                                      f"parameter {name!r}; give the model a classmethod "
-                                      "spec_strategy(max_mean)")
-            fields[name] = value
-            if param.default is not param.empty:
-                optional.append(name)
-        params = st.fixed_dictionaries(
-            {k: v for k, v in fields.items() if k not in optional},
-            optional={k: fields[k] for k in optional})
+    params = (own(max_mean) if own is not None else
+              _derived(f"delay model {dist!r}", cls, "spec_strategy(max_mean)",
+                       floats=(_MIN_MEAN, max_mean)))
 
     def usable(spec: dict[str, Any]) -> bool:
         try:
@@ -184,7 +198,8 @@ def _link(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def _cluster_dict(
-    draw: st.DrawFn, min_learners: int, max_learners: int, dists: Sequence[str] | None
+    draw: st.DrawFn, min_learners: int, max_learners: int, dists: Sequence[str] | None,
+    availability: bool | None = None,
 ) -> dict[str, Any]:
     lam = draw(st.integers(min_learners, max_learners))
     specs = delay_specs(dists=dists)
@@ -204,7 +219,7 @@ def _cluster_dict(
             d["network"][link].setdefault("bytes", draw(st.integers(1, 1_000_000)))
     if draw(st.booleans()):
         d["ps_service"] = draw(delay_specs(dists=dists, max_mean=0.1))
-    if draw(st.booleans()):
+    if availability or (availability is None and draw(st.booleans())):
         d["availability"] = draw(_availability(d))
     return d
 
@@ -259,41 +274,55 @@ def _check_learners(min_learners: int, max_learners: int) -> None:
 
 
 def clusters(
-    *, min_learners: int = 1, max_learners: int = 64, dists: Sequence[str] | None = None
+    *, min_learners: int = 1, max_learners: int = 64, dists: Sequence[str] | None = None,
+    availability: bool | None = None,
 ) -> st.SearchStrategy[ClusterConfig]:
     """:class:`~asyncsim.config.ClusterConfig` values with ``min_learners..max_learners``
     learners: one compute spec for all or one per learner (from :func:`delay_specs` with
-    ``dists``), optional speed factors in [0.25, 4], pull/push latencies (often exactly zero,
-    sometimes with a finite bandwidth), optional shared PS links, an optional PS service
-    time and optional availability (up periods of 1..10 times the slowest learner's mean
-    compute time, down periods of 0..3 times it; exponential, constant or gamma)."""
+    ``dists``, plug-ins included), optional speed factors in [0.25, 4], pull/push latencies
+    (often exactly zero, sometimes with a finite bandwidth), optional shared PS links, an
+    optional PS service time and availability (up periods of 1..10 times the slowest
+    learner's mean compute time, down periods of 0..3 times it; exponential, constant or
+    gamma): ``availability`` True always, False never, None (default) sometimes."""
     _check_learners(min_learners, max_learners)
-    _check_names("dists", dists, DELAY_DISTS)
-    return _cluster_dict(min_learners, max_learners, dists).map(
+    _dist_names(dists)
+    return _cluster_dict(min_learners, max_learners, dists, availability).map(
         lambda d: from_dict(ClusterConfig, d, prefix="cluster")
     )
 
 
-def _protocol_kinds(learners: int, kinds: Sequence[str] | None) -> tuple[str, ...]:
-    names = _check_names("kinds", kinds, PROTOCOL_KINDS)
-    # fixed-delay runs exactly tau + 1 workers (P2's simulation), tau in 0..16.
-    return tuple(k for k in names if k != "fixed-delay" or 1 <= learners <= FIXED_DELAY_MAX_TAU + 1)
+def _options(kind: str, learners: int) -> st.SearchStrategy[dict[str, Any]] | None:
+    """Option tables of protocol ``kind`` valid for ``learners`` learners (None: it cannot
+    run on that many): the class's own ``options_strategy``, else derived from its
+    signature and kept where :func:`~asyncsim.timing.protocols.make_protocol` accepts them."""
+    from asyncsim.errors import ScenarioError
+    from asyncsim.timing.protocols import make_protocol
+
+    cls = _registry("asyncsim.protocols").get(kind, "protocol.kind")
+    own = getattr(cls, "options_strategy", None)
+    if own is not None:
+        return own(learners)
+
+    def usable(options: dict[str, Any]) -> bool:
+        try:
+            make_protocol(ProtocolConfig(kind, options), learners)
+        except ScenarioError:
+            return False
+        return True
+
+    params, _, _ = signature_options(cls)
+    if not any(p.default is p.empty for n, p in params.items() if n != "learners") \
+            and not usable({}):
+        return None  # no required option, and its defaults refuse this many learners
+    return _derived(f"protocol {kind!r}", cls, "options_strategy(learners)",
+                    skip=("learners",)).filter(usable)
 
 
-@st.composite
-def _protocol_dict(draw: st.DrawFn, learners: int, kinds: tuple[str, ...]) -> dict[str, Any]:
-    kind = draw(st.sampled_from(kinds))
-    d: dict[str, Any] = {"kind": kind}
-    if kind == "softsync":
-        d["n"] = draw(st.integers(1, learners))
-    elif kind == "ssp":
-        d["s"] = draw(st.integers(0, 5))
-    elif kind == "fixed-delay":
-        d["tau"] = learners - 1
-        d["schedule"] = draw(st.sampled_from(["round-robin", "random", "normal", "race"]))
-        if d["schedule"] == "race":
-            d["cv"] = draw(_fraction(0.01, 0.5))
-    return d
+def _protocol_dict(kind: str, learners: int) -> st.SearchStrategy[dict[str, Any]]:
+    options = _options(kind, learners)
+    if options is None:  # pragma: no cover - callers draw only kinds that fit
+        raise InvalidArgument(f"protocol {kind!r} cannot run on {learners} learners")
+    return options.map(lambda o: {"kind": kind, **o})
 
 
 def protocols(
@@ -301,17 +330,19 @@ def protocols(
 ) -> st.SearchStrategy[ProtocolConfig]:
     """:class:`~asyncsim.config.ProtocolConfig` values valid for ``learners`` learners.
 
-    ``async``; ``softsync`` with n in 1..learners (P1); ``hardsync``; ``ssp`` with s in 0..5;
-    ``fixed-delay`` (P2) with ``tau = learners - 1`` — it runs exactly tau + 1 workers, so it
-    is only generated for 1..17 learners — and a round-robin, random or normal schedule.
+    ``kinds``: built-ins (default) or plug-ins, each drawn from its class's
+    ``options_strategy`` (or from its signature): ``async``; ``softsync`` with n in
+    1..learners (P1); ``hardsync``; ``ssp`` with s in 0..5; ``fixed-delay`` (P2) with
+    ``tau = learners - 1`` — it runs exactly tau + 1 workers, so it is only generated for
+    1..17 learners — and a round-robin, random, normal or race schedule.
 
     Raises:
         InvalidArgument: if none of ``kinds`` is possible for ``learners``.
     """
-    possible = _protocol_kinds(learners, kinds)
+    possible = [k for k in _kind_names(kinds) if _options(k, learners) is not None]
     if not possible:
         raise InvalidArgument(f"no protocol of kinds={kinds!r} is valid for {learners} learners")
-    return _protocol_dict(learners, possible).map(
+    return st.sampled_from(possible).flatmap(lambda k: _protocol_dict(k, learners)).map(
         lambda d: from_dict(ProtocolConfig, d, prefix="protocol")
     )
 
@@ -324,13 +355,15 @@ def _scenario_dict(
     max_learners: int,
     dists: Sequence[str] | None,
     max_updates: int,
+    availability: bool | None,
 ) -> dict[str, Any]:
+    from asyncsim.timing.protocols import make_protocol
+
     kind = draw(st.sampled_from(kinds))
-    if kind == "fixed-delay":  # the cluster size follows from tau
-        max_learners = min(max_learners, FIXED_DELAY_MAX_TAU + 1)
-    cluster = draw(_cluster_dict(min_learners, max_learners, dists))
-    lam = cluster["learners"]
-    protocol = draw(_protocol_dict(lam, (kind,)))
+    sizes = [n for n in range(min_learners, max_learners + 1) if _options(kind, n) is not None]
+    lam = draw(st.sampled_from(sizes))
+    cluster = draw(_cluster_dict(lam, lam, dists, availability))
+    protocol = draw(_protocol_dict(kind, lam))
     if kind == "fixed-delay" and protocol["schedule"] == "race" and "availability" in cluster:
         # Its workers step with normal times of mean 1 whatever cluster.compute says: size
         # the up periods to those.
@@ -344,7 +377,8 @@ def _scenario_dict(
         cluster["network"].pop("ps_ingress", None)
         cluster["network"].pop("ps_egress", None)
     # Gradients per update: hardsync takes all learners, n-softsync floor(lam / n) (P1).
-    per_update = {"hardsync": lam, "softsync": lam // protocol.get("n", lam)}.get(kind, 1)
+    proto = make_protocol(from_dict(ProtocolConfig, protocol, prefix="protocol"), lam)
+    per_update = max(1, round(1.0 / proto.updates_per_gradient()))
     updates = draw(st.integers(1, max(1, min(max_updates, _MAX_GRADIENTS // per_update))))
     return {
         "name": "hypothesis",
@@ -362,26 +396,27 @@ def scenarios(
     max_learners: int = 64,
     dists: Sequence[str] | None = None,
     max_updates: int = 200,
+    availability: bool | None = None,
 ) -> st.SearchStrategy[Scenario]:
     """Trace-only :class:`~asyncsim.config.Scenario` values, built with ``from_dict``.
 
-    A cluster from :func:`clusters`, a protocol from :func:`protocols` valid for it
-    (``fixed-delay`` gets ``cluster.learners = tau + 1``), ``run.updates`` in
+    A cluster from :func:`clusters` (``dists`` and ``availability`` as there; fixed-delay's
+    serial schedules get no availability and no shared links, which they cannot model), a
+    protocol from :func:`protocols` valid for it (``kinds``, plug-ins included;
+    ``fixed-delay`` gets ``cluster.learners = tau + 1``), ``run.updates`` in
     1..``max_updates`` but at most 2000 gradients in all (hardsync takes one per learner per
     update), a random 32-bit seed, ``run.trace_only = true``; everything else at its default.
     """
     _check_learners(min_learners, max_learners)
-    _check_names("dists", dists, DELAY_DISTS)
+    _dist_names(dists)
     if not (isinstance(max_updates, int) and max_updates >= 1):
         raise InvalidArgument(f"max_updates={max_updates!r} must be an integer >= 1")
-    names = _check_names("kinds", kinds, PROTOCOL_KINDS)
-    possible = tuple(
-        k for k in names if k != "fixed-delay" or min_learners <= FIXED_DELAY_MAX_TAU + 1
-    )
+    names = _kind_names(kinds)
+    possible = tuple(k for k in names if any(_options(k, n) is not None
+                                             for n in range(min_learners, max_learners + 1)))
     if not possible:
-        raise InvalidArgument(
-            f"kinds={kinds!r}: fixed-delay needs min_learners <= {FIXED_DELAY_MAX_TAU + 1}"
-        )
-    return _scenario_dict(possible, min_learners, max_learners, dists, max_updates).map(
-        lambda d: from_dict(Scenario, d)
-    )
+        raise InvalidArgument(f"kinds={kinds!r}: none can run on {min_learners}.."
+                              f"{max_learners} learners (fixed-delay needs min_learners <= "
+                              f"{FIXED_DELAY_MAX_TAU + 1})")
+    return _scenario_dict(possible, min_learners, max_learners, dists, max_updates,
+                          availability).map(lambda d: from_dict(Scenario, d))

@@ -10,6 +10,7 @@ from asyncsim import _checks
 from asyncsim.config import SHARINGS, Scenario
 from asyncsim.errors import ScenarioError
 from asyncsim.timing.delays import make_delay
+from asyncsim.timing.protocols import protocol_options
 from asyncsim.trace import MAX_LEARNERS
 
 
@@ -49,8 +50,8 @@ def check_cluster(scn: Scenario, base_dir: Path | None) -> None:
         key = f"cluster.network.{direction}"
         _bandwidth(f"{key}.bandwidth", shared.bandwidth)
         _checks.choice(f"{key}.sharing", shared.sharing, SHARINGS)
-        if scn.protocol.kind == "fixed-delay" and scn.protocol.schedule != "race":
-            raise ScenarioError(key, f"fixed-delay's {scn.protocol.schedule!r} schedule steps "
+        if _serial_schedule(scn):
+            raise ScenarioError(key, f"fixed-delay's {_serial_schedule(scn)!r} schedule steps "
                                 "its workers one at a time and models no network; remove "
                                 "the shared link or use schedule = \"race\"")
     if c.ps_service is not None:
@@ -78,11 +79,19 @@ def _check_availability(scn: Scenario, base_dir: Path | None) -> None:
             if period == "up" and model.mean == 0:
                 raise ScenarioError(f"{key}.up", "must have a positive mean: a learner that "
                                     "is never up for any time never delivers a gradient")
-    if scn.protocol.kind == "fixed-delay" and scn.protocol.schedule != "race":
+    if _serial_schedule(scn):
         raise ScenarioError("cluster.availability", f"fixed-delay's "
-                            f"{scn.protocol.schedule!r} schedule steps its workers one at a "
+                            f"{_serial_schedule(scn)!r} schedule steps its workers one at a "
                             "time and has no learners to take down; remove it or use "
                             "schedule = \"race\"")
+
+
+def _serial_schedule(scn: Scenario) -> str | None:
+    """fixed-delay's schedule when it steps one worker at a time (not ``race``), else None."""
+    if scn.protocol.kind != "fixed-delay":
+        return None
+    schedule = protocol_options(scn.protocol)["schedule"]
+    return None if schedule == "race" else schedule
 
 
 def _bandwidth(key: str, value: float) -> None:

@@ -33,7 +33,7 @@ from asyncsim.config import Scenario
 from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
 from asyncsim.timing.links import SharedLink
-from asyncsim.timing.protocols import Protocol, get_protocol_class, timing_revision
+from asyncsim.timing.protocols import Protocol, make_protocol, timing_revision
 from asyncsim.trace import DOWN_COLUMNS, GRAD_COLUMNS, UPDATE_COLUMNS, Trace
 
 # Stream ids of SeedSequence spawn keys (never reorder: that would change every trace).
@@ -107,8 +107,7 @@ class Simulation:
         self.env = simpy.Environment()
         c = scenario.cluster
         self.learners = c.learners
-        self.proto: Protocol = get_protocol_class(scenario.protocol.kind)(
-            scenario.protocol, c.learners)
+        self.proto: Protocol = make_protocol(scenario.protocol, c.learners)
         self.on_update = on_update
         self.track_reads = track_reads
         self.read_refs: dict[int, int] = {}
@@ -223,7 +222,7 @@ class Simulation:
 
     def normal_steps(self, learner: int):
         """fixed-delay ``normal`` schedule: normal step times, mean 1, cv ``protocol.cv``."""
-        cv = self.scenario.protocol.cv
+        cv = self.proto.cv
         return delays.DelayStream(delays.make_delay({"dist": "normal", "mean": 1.0, "std": cv}),
                                   stream_rng(self.seed, STREAM_SCHEDULE, learner), learner,
                                   key="protocol.cv")

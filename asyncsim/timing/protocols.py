@@ -37,7 +37,10 @@ learner); ``softsync`` keeps c: with fewer than c learners up, the live ones fil
 ``fixed-delay`` (``race``) just see fewer arrivals.
 
 Plug-ins: subclass :class:`Protocol`, decorate with :func:`register_protocol` or expose it
-through the entry-point group ``asyncsim.protocols``.
+through the entry-point group ``asyncsim.protocols``. A protocol's options are the keyword
+parameters of its ``__init__(self, learners, *, ...)``, the built-ins' as a plug-in's:
+``protocol = { kind = "softsync", n = 4 }`` builds ``Softsync(learners, n=4)``, checked by
+the one option checker of every plug-in kind (:func:`make_protocol`).
 """
 
 from __future__ import annotations
@@ -46,11 +49,18 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from asyncsim._registry import PluginRegistry
+from asyncsim import _checks
+from asyncsim._registry import (
+    PluginRegistry,
+    build,
+    check_options,
+    option_defaults,
+    signature_options,
+)
 from asyncsim.config import ProtocolConfig
-from asyncsim.errors import ScenarioError, did_you_mean
+from asyncsim.errors import ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
     from asyncsim.timing.cluster import Simulation
@@ -68,19 +78,16 @@ _registry: PluginRegistry[type[Protocol]] = PluginRegistry(
     "asyncsim.protocols", "protocol", "protocol.kind", adapt=_adapt)
 
 
-def register_protocol(name: str) -> Callable[[type[Protocol]], type[Protocol]]:
+def register_protocol(name: str, *, replace: bool = False
+                      ) -> Callable[[type[Protocol]], type[Protocol]]:
     """Class decorator: make a :class:`Protocol` usable as ``protocol.kind = name``.
 
     Installed packages can also expose a Protocol subclass under the entry-point group
-    ``asyncsim.protocols`` (docs/plugins.md); a name registered here wins over it.
+    ``asyncsim.protocols`` (docs/plugins.md); a name registered here wins over it. A name
+    taken by another class is a ValueError naming both unless ``replace``
+    (:meth:`asyncsim._registry.PluginRegistry.register`, the rule of every plug-in kind).
     """
-
-    def deco(cls: type[Protocol]) -> type[Protocol]:
-        cls.name = name
-        _registry.direct[name] = cls
-        return cls
-
-    return deco
+    return _registry.decorator(name, replace=replace)
 
 
 def available_protocols() -> list[str]:
@@ -93,31 +100,58 @@ def get_protocol_class(kind: str) -> type[Protocol]:
     return _registry.get(kind)
 
 
+def make_protocol(cfg: ProtocolConfig, learners: int) -> Protocol:
+    """The protocol ``[protocol]`` describes, for ``learners`` learners (``cluster.learners``).
+
+    The options (every key of the table but ``kind``) are checked against the class's
+    ``__init__(self, learners, *, ...)`` signature by the one option checker of every
+    plug-in kind (:func:`asyncsim._registry.build`: unknown keys listed, annotated types
+    checked); ``__init__`` refuses values with ``ValueError("<option>: ...")``, reported as
+    ``protocol.<option>``, and a cluster size it cannot run with as
+    ``ValueError("learners: ...")``, reported as ``cluster.learners``.
+
+    Raises:
+        ScenarioError: an unknown kind, an unknown, missing or wrong-typed option, a value
+            the protocol refuses; one line naming the key.
+    """
+    cls = get_protocol_class(cfg.kind)
+    try:
+        return build(cls, cfg.options, key="protocol", what="protocol", name=cfg.kind,
+                     noun="option", fixed={"learners": learners})
+    except ScenarioError as e:
+        if e.key == "protocol.learners":
+            raise ScenarioError("cluster.learners", e.message, file=e.file) from None
+        raise
+
+
+def protocol_options(cfg: ProtocolConfig) -> dict[str, Any]:
+    """The options of ``cfg`` with the defaults of its protocol's signature filled in
+    (fixed-delay's ``schedule = "round-robin"`` where the file gives none), checked."""
+    cls = get_protocol_class(cfg.kind)
+    given = check_options(cls, cfg.options, key="protocol", what="protocol", name=cfg.kind,
+                          noun="option", exclude=("learners",))
+    return {**option_defaults(cls), **given}
+
+
 class Protocol:
     """Base class. The simulation calls the hooks; a protocol calls ``sim.apply_update``.
 
     A pending gradient is a tuple ``(learner, batch, read_version, t_pull, t_push, t_arrive)``.
+
+    A protocol may declare ``options_strategy(learners)``, a classmethod returning a
+    hypothesis strategy of option tables valid for ``learners`` learners, or None where it
+    cannot run on that many; :func:`asyncsim.testing.protocols` draws from it (without it,
+    from strategies derived from the ``__init__`` signature).
     """
 
     name: ClassVar[str] = "base"
-    # The parameters this protocol reads from [protocol]; others given in a file are errors.
-    params: ClassVar[tuple[str, ...]] = ()
-    required: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, cfg: ProtocolConfig, learners: int):
-        self.cfg = cfg
+    def __init__(self, learners: int):
+        """Options of a protocol are the keyword-only parameters of its ``__init__``, after
+        ``learners`` (``cluster.learners``): ``protocol = { kind = "every-k", k = 3 }`` calls
+        ``EveryK(learners, k=3)`` (:func:`make_protocol` checks the table against the
+        signature first). Refuse a value with ``ValueError("<option>: ...")``."""
         self.learners = learners
-
-    @classmethod
-    def check(cls, cfg: ProtocolConfig, learners: int) -> None:
-        """Raise ScenarioError for parameters that do not fit this protocol or the cluster."""
-        for p in ("n", "tau", "s"):
-            if getattr(cfg, p) is not None and p not in cls.params:
-                raise ScenarioError(f"protocol.{p}", f"is not a parameter of {cls.name!r}; "
-                                    f"it takes: {', '.join(cls.params) or 'no parameters'}")
-        for p in cls.required:
-            if getattr(cfg, p) is None:
-                raise ScenarioError(f"protocol.{p}", f"{cls.name!r} needs {p}")
 
     def updates_per_gradient(self) -> float:
         """Expected updates per gradient (used to convert run lengths and epochs)."""
@@ -141,10 +175,9 @@ class Protocol:
     def on_arrival(self, sim: Simulation, grad: tuple) -> None:
         """A gradient reached the PS; call ``sim.apply_update([...])`` when an update is due.
 
-        Called from the learner's SimPy process, or, when a step is one event and nothing
-        is waited for between steps (``Simulation._chained``), from that event's callback,
-        with ``sim.env.active_process`` None; an exception raised here then ends the run
-        at once, as itself (through a process, SimPy re-raises a copy of it later)."""
+        Called from the learner's SimPy process (``sim.env.active_process`` is that
+        learner's); an exception raised here fails that process, and SimPy re-raises it
+        out of ``sim.run`` (a copy of it, with the original as its ``__cause__``)."""
         raise NotImplementedError
 
     def on_lost(self, sim: Simulation, learner: int) -> bool:
@@ -176,20 +209,20 @@ class Async(Protocol):
 
 @register_protocol("softsync")
 class Softsync(Protocol):
-    params = ("n",)
-    required = ("n",)
-
-    def __init__(self, cfg, learners):
-        super().__init__(cfg, learners)
-        self.c = learners // cfg.n  # P1: c = floor(lambda / n)
+    def __init__(self, learners: int, *, n: int):
+        """Args:
+            n: the PS updates after c = floor(learners / n) gradients (P1)
+        """
+        super().__init__(learners)
+        self.n = _checks.integer("n", n, low=1, high=learners, bound="cluster.learners")
+        self.c = learners // n  # P1: c = floor(lambda / n)
         self.buffer: list[tuple] = []
 
     @classmethod
-    def check(cls, cfg, learners):
-        super().check(cfg, learners)
-        if not 1 <= cfg.n <= learners:
-            raise ScenarioError("protocol.n", f"must be an integer in 1..{learners} "
-                                f"(cluster.learners), got {cfg.n}")
+    def options_strategy(cls, learners):
+        from hypothesis import strategies as st
+
+        return st.fixed_dictionaries({"n": st.integers(1, learners)})
 
     def updates_per_gradient(self):
         return 1.0 / self.c
@@ -204,8 +237,8 @@ class Softsync(Protocol):
 
 @register_protocol("hardsync")
 class Hardsync(Protocol):
-    def __init__(self, cfg, learners):
-        super().__init__(cfg, learners)
+    def __init__(self, learners: int):
+        super().__init__(learners)
         self.buffer: list[tuple] = []
         self.barrier = None  # the event "the PS broadcast a new version"
         # Real runs (on_lost/on_back): learners that are dead or restarting (rounds go on
@@ -288,12 +321,12 @@ class Hardsync(Protocol):
 
 @register_protocol("ssp")
 class SSP(Protocol):
-    params = ("s",)
-    required = ("s",)
-
-    def __init__(self, cfg, learners):
-        super().__init__(cfg, learners)
-        self.s = cfg.s
+    def __init__(self, learners: int, *, s: int):
+        """Args:
+            s: a learner may lead the slowest by at most s clocks
+        """
+        super().__init__(learners)
+        self.s = _checks.integer("s", s, low=0)
         self.clock = [0] * learners  # gradients pushed (arrived) per learner
         self.at = {0: learners}  # how many learners sit at each clock value
         self.min_clock = 0  # the slowest live learner's
@@ -301,10 +334,10 @@ class SSP(Protocol):
         self.gone: set[int] = set()  # learners not counted (on_lost)
 
     @classmethod
-    def check(cls, cfg, learners):
-        super().check(cfg, learners)
-        if cfg.s < 0:
-            raise ScenarioError("protocol.s", f"must be an integer >= 0, got {cfg.s}")
+    def options_strategy(cls, learners):
+        from hypothesis import strategies as st
+
+        return st.fixed_dictionaries({"s": st.integers(0, 5)})
 
     def may_pull(self, sim, learner, batch):
         need = batch - self.s  # the slowest learner must have pushed >= batch - s gradients
@@ -360,6 +393,7 @@ class SSP(Protocol):
 # random's (loc far below, a huge scale), and (s - loc) / scale or its square overflows.
 _NORMAL_RANGE = {"loc": (-1e6, 1e6), "scale": (1e-6, 1e6)}
 _NORMAL_DEFAULT = {"loc": "N = tau + 1", "scale": "N / 4"}
+_RACE_CV = 0.1  # fixed-delay "race" schedule: the spread of the workers' step times
 
 
 @register_protocol("fixed-delay")
@@ -377,48 +411,68 @@ class FixedDelay(Protocol):
     concentrates the delays near N - 1).
     """
 
-    params = ("tau",)
-    required = ("tau",)
     SCHEDULES = ("round-robin", "random", "normal", "race")
+    # Generated traces (asyncsim.testing) keep tau small: P2's delays go up to 32, but the
+    # properties tested hold at any tau.
+    MAX_TAU = 16
 
-    @classmethod
-    def check(cls, cfg, learners):
-        super().check(cfg, learners)
-        if cfg.tau < 0:
-            raise ScenarioError("protocol.tau", f"must be an integer >= 0, got {cfg.tau}")
-        if learners != cfg.tau + 1:
-            raise ScenarioError("cluster.learners", f"fixed-delay runs tau + 1 = {cfg.tau + 1} "
-                                f"workers; leave cluster.learners out or set it to {cfg.tau + 1}")
-        if cfg.schedule not in cls.SCHEDULES:
-            raise ScenarioError("protocol.schedule", f"unknown schedule {cfg.schedule!r}; "
-                                f"allowed: {', '.join(cls.SCHEDULES)}"
-                                f"{did_you_mean(cfg.schedule, cls.SCHEDULES)}")
-        if not cfg.cv >= 0:
-            raise ScenarioError("protocol.cv", f"must be >= 0, got {cfg.cv}")
-        if cfg.cv != ProtocolConfig.cv and cfg.schedule != "race":
-            raise ScenarioError("protocol.cv", f"is read by the \"race\" schedule only; "
-                                f"this schedule is {cfg.schedule!r}")
-        for key in ("loc", "scale"):
-            value = getattr(cfg, key)
+    def __init__(self, learners: int, *, tau: int, schedule: str = "round-robin",
+                 cv: float = _RACE_CV, loc: float | None = None, scale: float | None = None):
+        """Args:
+            tau: the delay; uses tau + 1 workers (cluster.learners)
+            schedule: the worker schedule: round-robin / random / normal (P2's official
+                draw) / race
+            cv: "race" schedule: spread of the workers' step times
+            loc: "normal" schedule: worker k is drawn with probability proportional to
+                Phi((staleness_k - loc) / scale); None: P2's official loc = tau + 1
+            scale: "normal" schedule: see loc; None: P2's official (tau + 1) / 4
+        """
+        super().__init__(learners)
+        self.tau = _checks.integer("tau", tau, low=0)
+        if learners != tau + 1:
+            raise ValueError(f"learners: fixed-delay runs tau + 1 = {tau + 1} workers; leave "
+                             f"cluster.learners out or set it to {tau + 1}")
+        self.schedule = _checks.choice("schedule", schedule, self.SCHEDULES, what="schedule")
+        self.cv = _checks.nonneg("cv", cv)
+        if cv != _RACE_CV and schedule != "race":
+            raise ValueError(f"cv: is read by the \"race\" schedule only; this schedule is "
+                             f"{schedule!r}")
+        for key, value in (("loc", loc), ("scale", scale)):
             if value is None:
                 continue
-            if cfg.schedule != "normal":
-                raise ScenarioError(f"protocol.{key}", f"is read by the \"normal\" schedule "
-                                    f"only; this schedule is {cfg.schedule!r}")
+            if schedule != "normal":
+                raise ValueError(f"{key}: is read by the \"normal\" schedule only; this "
+                                 f"schedule is {schedule!r}")
             low, high = _NORMAL_RANGE[key]
             if not low <= value <= high:
-                raise ScenarioError(f"protocol.{key}", "must be a finite number"
-                                    + (" > 0" if key == "scale" else "") + f", in {low:g}.."
-                                    f"{high:g} (staleness units, P2's default "
-                                    f"{_NORMAL_DEFAULT[key]}; "
-                                    "beyond, the draw is round-robin's or random's and "
-                                    f"Phi((s - loc) / scale) overflows), got {value}")
+                raise ValueError(f"{key}: must be a finite number"
+                                 + (" > 0" if key == "scale" else "") + f", in {low:g}.."
+                                 f"{high:g} (staleness units, P2's default "
+                                 f"{_NORMAL_DEFAULT[key]}; beyond, the draw is "
+                                 "round-robin's or random's and Phi((s - loc) / scale) "
+                                 f"overflows), got {value}")
+        self.loc, self.scale = loc, scale
+
+    @classmethod
+    def options_strategy(cls, learners):
+        from hypothesis import strategies as st
+
+        if not 1 <= learners <= cls.MAX_TAU + 1:
+            return None  # tau + 1 workers, tau in 0..MAX_TAU
+
+        def table(schedule):
+            if schedule != "race":
+                return st.just({"tau": learners - 1, "schedule": schedule})
+            return st.floats(0.01, 0.5, allow_nan=False).map(
+                lambda cv: {"tau": learners - 1, "schedule": "race", "cv": cv})
+
+        return st.sampled_from(cls.SCHEDULES).flatmap(table)
 
     def nominal_staleness(self):
-        return float(self.cfg.tau)
+        return float(self.tau)
 
     def start(self, sim):
-        if self.cfg.schedule == "race":
+        if self.schedule == "race":
             for learner in range(self.learners):
                 sim.env.process(sim.learner_loop(learner, compute=sim.normal_steps(learner)))
         else:
@@ -437,7 +491,7 @@ class FixedDelay(Protocol):
         for k in range(n):
             sim.note_pull(k, 0)
         rng = sim.schedule_rng()
-        schedule = self.cfg.schedule
+        schedule = self.schedule
         pick = self._normal_draw(n) if schedule == "normal" else None
         step = 0
         while True:
@@ -462,8 +516,8 @@ class FixedDelay(Protocol):
         weights (float64, in worker order). The weights are Phi / max Phi, computed from log
         Phi, so a far tail (loc many scales above every staleness) still favours the
         stalest workers instead of underflowing to zero."""
-        loc = float(n) if self.cfg.loc is None else float(self.cfg.loc)
-        scale = n / 4.0 if self.cfg.scale is None else float(self.cfg.scale)
+        loc = float(n) if self.loc is None else float(self.loc)
+        scale = n / 4.0 if self.scale is None else float(self.scale)
 
         def pick(rng, staleness):
             logs = [_log_phi((s - loc) / scale) for s in staleness]
@@ -488,11 +542,36 @@ def _log_phi(x: float) -> float:
             + math.log1p(-1.0 / x**2 + 3.0 / x**4))
 
 
+def drop_defaults(d: dict[str, Any]) -> dict[str, Any]:
+    """``d``, a scenario as a nested dict (a run folder's scenario.toml), without the
+    ``[protocol]`` options at their defaults, so a record that spells out a default equals
+    one that leaves it out: the protocol's own defaults, and fixed-delay's ``schedule`` and
+    ``cv`` defaults under a protocol that takes neither (run folders of asyncsim <= 0.3
+    record them). A kind not installed here keeps its table as written. Changes ``d``."""
+    proto = d.get("protocol")
+    if not isinstance(proto, dict):
+        return d
+    try:
+        cls = get_protocol_class(proto.get("kind", ProtocolConfig.kind))
+    except ScenarioError:
+        return d
+    own, legacy = option_defaults(cls), option_defaults(FixedDelay)
+    params = signature_options(cls)[0]
+    for k in [k for k in proto if k != "kind"]:
+        default = own.get(k, _NONE) if k in params else legacy.get(k, _NONE)
+        if default is not None and proto[k] == default:
+            del proto[k]
+    return d
+
+
+_NONE = object()
+
+
 def timing_revision(cfg: ProtocolConfig) -> str | None:
     """A mark for timing whose meaning changed between asyncsim versions, so a sweep's
     shared trace or a checkpoint made before is not reused under the new meaning: fixed-delay
     ``schedule = "normal"`` is P2's Phi draw since asyncsim 0.3 (before, the racing model now
     called ``race``). None where nothing changed."""
-    if cfg.kind == "fixed-delay" and cfg.schedule == "normal":
+    if cfg.kind == "fixed-delay" and cfg.options.get("schedule") == "normal":
         return "normal=phi-draw"
     return None

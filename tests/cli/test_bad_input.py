@@ -182,7 +182,7 @@ def test_sizes_that_cannot_fit_are_refused_before_anything_runs(tmp_path, capsys
 
 def test_the_key_reference_is_generated_from_the_config():
     """docs/keys.md is what `python -m asyncsim.keys` writes (regenerate it after changing
-    asyncsim/config.py), and it lists every key the loader accepts."""
+    asyncsim/config/schema.py), and it lists every key the loader accepts."""
     import dataclasses
 
     from asyncsim import config
@@ -209,22 +209,23 @@ def test_changing_only_the_figure_table_reruns_no_point(tmp_path):
     assert {p: (p / "summary.json").stat().st_mtime_ns for p in out.glob("p0*")} == stamps
 
 
-def test_a_run_folder_records_only_the_parameters_its_protocol_takes(tmp_path):
-    """A softsync run's scenario.toml does not carry fixed-delay's `schedule` and `cv`; a
-    fixed-delay run's does. Folders written before (with them) still count as the same."""
+def test_a_run_folder_records_the_protocol_options_given(tmp_path):
+    """A run's scenario.toml records the [protocol] options the scenario gives, no
+    defaults; folders that spell out defaults (fixed-delay's `schedule` and `cv`, as
+    asyncsim <= 0.3 wrote them for every protocol) still count as the same run, and a
+    changed option does not."""
     import tomllib
 
     from asyncsim.drivers.folder_scenario import scenario_changes
     from asyncsim.scenario import load_scenario
 
-    for protocol, kept in (({"kind": "softsync", "n": 1}, False),
-                           ({"kind": "fixed-delay", "tau": 2}, True)):
+    for protocol in ({"kind": "softsync", "n": 1}, {"kind": "fixed-delay", "tau": 2}):
         path = _scenario(tmp_path, protocol=protocol, cluster={"learners": 3},
                          run={"updates": 5, "trace_only": True})
         out = tmp_path / protocol["kind"]
         assert main(["trace", str(path), "--out", str(out), "--quiet"]) == 0
         saved = tomllib.loads((out / "scenario.toml").read_text())
-        assert ("schedule" in saved["protocol"] and "cv" in saved["protocol"]) == kept
+        assert saved["protocol"] == protocol
         old = {**saved, "protocol": {**saved["protocol"], "schedule": "round-robin",
                                      "cv": 0.1}}
         assert scenario_changes(old, load_scenario(path)) == []  # the defaults: the same

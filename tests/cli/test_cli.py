@@ -54,7 +54,7 @@ def write(tmp_path, text, name="s.toml"):
     (GOOD + "\n[model]\nname = \"mlp\"\nwidth = 3\n", "model.width", "allowed: name"),
     (GOOD.replace('kind = "softsync"\nn = 2', 'kind = "fixed-delay"\ntau = 2'),
      "cluster.learners", "tau + 1 = 3"),
-    (GOOD.replace('kind = "softsync"\nn = 2', 'kind = "ssp"'), "protocol.s", "needs s"),
+    (GOOD.replace('kind = "softsync"\nn = 2', 'kind = "ssp"'), "protocol.s", "'ssp' requires: s"),
     (GOOD + "\n[profiles.fast.run]\nupdates = 3\n", "profiles.fast", "smoke, default, paper"),
     (GOOD + "\n[measure]\nsharpness_points = -1\n", "measure.sharpness_points",
      "an integer >= 0"),
@@ -290,7 +290,8 @@ def test_trace_writes_the_run_folder(tmp_path, capsys):
 def test_override_errors_name_the_key(tmp_path, capsys):
     path = write(tmp_path, GOOD)
     assert main(["trace", str(path), "--set", "protocol.q=3"]) == 2
-    assert "protocol.q: unknown key" in capsys.readouterr().err
+    assert ("protocol.q: unknown option for protocol 'softsync'; allowed: n"
+            in capsys.readouterr().err)
     assert main(["trace", str(path), "--set", "novalue"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["trace", str(path), "--set", "=3"]) == 2
@@ -306,8 +307,8 @@ def test_set_adds_a_sweep_grid_whose_key_has_dots():
     for item in ("sweep.protocol.n=[1, 2]", 'sweep."protocol.n"=[1, 2]'):
         scn = load_scenario(tomllib.loads(GOOD), overrides=[item, "sweep.seed=[3]"])
         assert dict(scn.sweep) == {"protocol.n": (1, 2), "seed": (3,)}
-        assert [(it["scenario"].protocol.n, it["scenario"].seed) for it in plan(scn)] == [
-            (1, 3), (2, 3)]
+        assert [(it["scenario"].protocol.options["n"], it["scenario"].seed)
+                for it in plan(scn)] == [(1, 3), (2, 3)]
 
 
 def test_trace_sweep_and_figure(tmp_path, capsys):
@@ -440,8 +441,8 @@ def test_replay_scan_of_uneven_updates_is_refused_in_one_line(tmp_path, capsys,
     from asyncsim.timing import protocols
 
     class OneThenTwo(protocols.Protocol):  # updates of 1, 2, 1, 2, ... gradients
-        def __init__(self, cfg, learners):
-            super().__init__(cfg, learners)
+        def __init__(self, learners):
+            super().__init__(learners)
             self.buffer, self.take = [], 1
 
         def updates_per_gradient(self):

@@ -2,9 +2,9 @@
 
 One of each kind a scenario file refers to by name, each exposed through its entry-point
 group in ``pyproject.toml``: delay models (``Weibull`` subclasses
-:class:`asyncsim.DelayModel`; ``Diurnal`` is duck-typed, which asyncsim wraps), a
-protocol (``Pairs``), a learning-rate rule (``sqrt_staleness``), a model (``affine``) and a
-data set (``ramp``).
+:class:`asyncsim.DelayModel`; ``Diurnal`` is duck-typed, which asyncsim wraps),
+protocols (``Pairs``; ``EveryK``, with an option ``k``), a learning-rate rule
+(``sqrt_staleness``), a model (``affine``) and a data set (``ramp``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from asyncsim import Dataset, DelayModel, Model, Protocol, ScenarioError
+from asyncsim import Dataset, DelayModel, Model, Protocol
 
 
 class Weibull(DelayModel):
@@ -60,15 +60,11 @@ class Pairs(Protocol):
     """Apply gradients two at a time in arrival order, whatever the cluster size
     (n-softsync with c = 2)."""
 
-    def __init__(self, cfg, learners):
-        super().__init__(cfg, learners)
-        self.buffer: list[tuple] = []
-
-    @classmethod
-    def check(cls, cfg, learners):
-        super().check(cfg, learners)
+    def __init__(self, learners):
+        super().__init__(learners)
         if learners < 2:
-            raise ScenarioError("cluster.learners", f"'pairs-test' needs >= 2, got {learners}")
+            raise ValueError(f"learners: 'pairs-test' needs >= 2, got {learners}")
+        self.buffer: list[tuple] = []
 
     def updates_per_gradient(self):
         return 0.5
@@ -78,6 +74,27 @@ class Pairs(Protocol):
         if len(self.buffer) == 2:
             pair, self.buffer = self.buffer, []
             sim.apply_update(pair)
+
+
+class EveryK(Protocol):
+    """Apply gradients k at a time in arrival order: an option from the scenario,
+    ``protocol = { kind = "every-k-test", k = 3 }``, read from this signature."""
+
+    def __init__(self, learners, *, k: int = 2):
+        super().__init__(learners)
+        if k < 1:
+            raise ValueError(f"k: must be >= 1, got {k}")
+        self.k = k
+        self.buffer: list[tuple] = []
+
+    def updates_per_gradient(self):
+        return 1.0 / self.k
+
+    def on_arrival(self, sim, grad):
+        self.buffer.append(grad)
+        if len(self.buffer) == self.k:
+            batch, self.buffer = self.buffer, []
+            sim.apply_update(batch)
 
 
 def sqrt_staleness(lr, staleness, mean_staleness):

@@ -439,7 +439,8 @@ def _race_with_availability(draw) -> Scenario:
     d["availability"] = draw(strategies._availability({**steps, "compute": const(1.0)}))
     return Scenario(name="hypothesis", seed=draw(hst.integers(0, 2**32 - 1)),
                     cluster=from_dict(ClusterConfig, d, prefix="cluster"),
-                    protocol=dataclasses.replace(protocol, schedule="race"),
+                    protocol=dataclasses.replace(protocol, options={**protocol.options,
+                                                                    "schedule": "race"}),
                     run=RunConfig(updates=draw(hst.integers(1, 200)), trace_only=True))
 
 

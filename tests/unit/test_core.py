@@ -1,4 +1,5 @@
-"""Tests of the update core (asyncsim.numerics.core): rules table, reference equivalences, hand examples.
+"""Tests of the update core (asyncsim.numerics.core): rules table, reference equivalences,
+hand examples.
 
 Everything runs on tiny pytrees and diagonal quadratics L(theta) = 1/2 sum h (theta - t*)^2.
 """

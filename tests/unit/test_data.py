@@ -1,4 +1,5 @@
-"""Tests of asyncsim.numerics.data: synthetic-cifar, batch sampling, the CIFAR10 loader and download.
+"""Tests of asyncsim.numerics.data: synthetic-cifar, batch sampling, the CIFAR10 loader and
+download.
 
 No test touches the internet: the CIFAR10 tests build a tiny tarball in the real format in
 tmp_path and serve it from a loopback HTTP server.

@@ -19,6 +19,7 @@ from asyncsim.errors import ScenarioError
 from asyncsim.testing import DELAY_DISTS, clusters, delay_specs, protocols, scenarios
 from asyncsim.timing import delays
 from asyncsim.timing.delays import DelayModel, DelayStream, make_delay, register_delay
+from asyncsim.timing.protocols import make_protocol
 
 SEED = 20160101
 
@@ -497,12 +498,15 @@ def test_generated_clusters_are_valid(c):
 def test_generated_protocols_fit_the_cluster(args):
     n, p = args
     assert isinstance(p, ProtocolConfig)
+    make_protocol(p, n)  # every draw builds: its options fit the signature and the cluster
     if p.kind == "softsync":
-        assert 1 <= p.n <= n
+        assert 1 <= p.options["n"] <= n
     if p.kind == "fixed-delay":
-        assert p.tau + 1 == n and 0 <= p.tau <= 16
+        assert p.options["tau"] + 1 == n and 0 <= p.options["tau"] <= 16
     if p.kind == "ssp":
-        assert 0 <= p.s <= 5
+        assert 0 <= p.options["s"] <= 5
+    if p.kind in ("async", "hardsync"):
+        assert p.options == {}
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -513,9 +517,9 @@ def test_generated_scenarios_are_valid(scn):
     assert from_dict(Scenario, to_dict(scn)) == scn  # survives a TOML round trip
     c = scn.cluster
     if scn.protocol.kind == "fixed-delay":
-        assert c.learners == scn.protocol.tau + 1
+        assert c.learners == scn.protocol.options["tau"] + 1
     if scn.protocol.kind == "softsync":
-        assert scn.protocol.n <= c.learners
+        assert scn.protocol.options["n"] <= c.learners
     if scn.protocol.kind == "hardsync":  # the gradient budget that keeps runs fast
         assert scn.run.updates * c.learners <= max(2000, c.learners)
     specs = c.compute if isinstance(c.compute, tuple) else (c.compute,)
@@ -527,7 +531,7 @@ def test_generated_scenarios_are_valid(scn):
 @given(scenarios(kinds=["fixed-delay"], min_learners=3))
 def test_fixed_delay_scenarios(scn):
     assert scn.protocol.kind == "fixed-delay"
-    assert 3 <= scn.cluster.learners == scn.protocol.tau + 1 <= 17
+    assert 3 <= scn.cluster.learners == scn.protocol.options["tau"] + 1 <= 17
 
 
 def test_strategy_argument_errors():
@@ -607,3 +611,70 @@ def test_delay_specs_cover_plug_in_models(fresh_registries, data):
     register_delay("needs-text-test")(_NeedsText)
     with pytest.raises(InvalidArgument, match="no strategy for its required parameter 'label'"):
         data.draw(delay_specs(dists=["needs-text-test"]))
+
+
+class _EveryK:
+    """A plug-in protocol with an option and no strategy of its own (one is derived from
+    its signature); refuses k = 0 and more than the cluster's learners."""
+
+    @staticmethod
+    def make():
+        from asyncsim.timing.protocols import Protocol
+
+        class EveryK(Protocol):
+            def __init__(self, learners, *, k: int = 2):
+                super().__init__(learners)
+                if not 1 <= k <= learners:
+                    raise ValueError(f"k: must be in 1..{learners}, got {k}")
+                self.k, self.buffer = k, []
+
+            def updates_per_gradient(self):
+                return 1.0 / self.k
+
+            def on_arrival(self, sim, grad):
+                self.buffer.append(grad)
+                if len(self.buffer) == self.k:
+                    batch, self.buffer = self.buffer, []
+                    sim.apply_update(batch)
+
+        return EveryK
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_scenarios_and_clusters_take_plug_in_names(fresh_registries, data):
+    """`scenarios(dists=[<plug-in>])`, `clusters(dists=...)` and `scenarios(kinds=[...])`
+    take what `delay_specs` takes (plug-ins, installed or registered), and every scenario
+    drawn loads and simulates; a plug-in protocol's options are derived from its
+    signature and fit the cluster."""
+    from asyncsim.api import simulate
+    from asyncsim.scenario import load_scenario
+    from asyncsim.timing import protocols as protocol_registry
+
+    register_delay("scaled-test")(_Scaled)
+    protocol_registry.register_protocol("every-k-strategy-test")(_EveryK.make())
+    scn = data.draw(scenarios(dists=["scaled-test"], kinds=["every-k-strategy-test"],
+                              max_learners=6, max_updates=10))
+    specs = scn.cluster.compute if isinstance(scn.cluster.compute, tuple) else (
+        scn.cluster.compute,)
+    assert {s["dist"] for s in specs} == {"scaled-test"}
+    assert scn.protocol.kind == "every-k-strategy-test"
+    assert set(scn.protocol.options) <= {"k"}
+    k = scn.protocol.options.get("k", 2)
+    trace = simulate(load_scenario(to_dict(scn)))
+    assert np.all(trace.updates["n_grads"] == k)
+    c = data.draw(clusters(dists=["scaled-test"], max_learners=4))
+    specs = c.compute if isinstance(c.compute, tuple) else (c.compute,)
+    assert {s["dist"] for s in specs} == {"scaled-test"}
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data())
+def test_the_availability_switch(data):
+    for flag in (True, False):
+        c = data.draw(clusters(max_learners=4, availability=flag))
+        assert (c.availability is not None) == flag
+        scn = data.draw(scenarios(kinds=["async", "softsync"], max_learners=4,
+                                  max_updates=5, availability=flag))
+        assert (scn.cluster.availability is not None) == flag

@@ -153,7 +153,7 @@ def test_the_p2_paper_profiles_use_the_official_regime(name):
     from asyncsim.scenario import apply_point, sweep_points
 
     points = [apply_point(scn, p) for p in sweep_points(scn)]
-    assert {p.protocol.tau for p in points} == {0, 4, 8, 16, 32}
+    assert {p.protocol.options["tau"] for p in points} == {0, 4, 8, 16, 32}
     assert {p.optimizer.lr_rule for p in points} == {"constant", "stability-edge"}
     if name == "p2_f1":
         assert {p.optimizer.momentum.kind for p in points} == {"none", "heavy-ball", "shifted"}

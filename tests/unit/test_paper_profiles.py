@@ -62,6 +62,6 @@ def test_p2_f1_paper_profile_mechanics():
     """ResNet-44 with batch norm at batch 128, the tau = 32 point (33 workers): ~40 s."""
     scn = paper_point("p2_f1")
     assert scn.model.name == "resnet44" and scn.model.options.get("norm") == "batch"
-    assert scn.protocol.tau == 32 and scn.data.batch_size == 128
+    assert scn.protocol.options["tau"] == 32 and scn.data.batch_size == 128
     assert scn.optimizer.momentum.style == "torch" and scn.optimizer.lr_staleness == "nominal"
     check_runs_and_replays(scn)

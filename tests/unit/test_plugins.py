@@ -179,3 +179,114 @@ def test_python_registrations_are_what_another_process_needs(fresh_registries):
     install_registrations(regs)
     assert core.get_lr_rule("test-rule") is rule
     assert delays.make_delay({"dist": "test-ticks"}).sample(None, 0, 0.0) == 1.0
+
+
+def test_a_plugin_protocol_takes_an_option_from_its_signature(installed_plugin, tmp_path,
+                                                              capsys):
+    """``protocol = { kind = "every-k-test", k = 3 }``: the option reaches the plug-in's
+    ``__init__`` through ``asyncsim run``, the run folder records it, and ``asyncsim replay``
+    of the folder ends with the same parameters."""
+    path = tmp_path / "every3.toml"
+    path.write_text(PLUGGED.replace('kind = "pairs-test"', 'kind = "every-k-test"\nk = 3'))
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates"] == 40 and summary["gradients"] == 120  # 3 per update
+    trace = simulate(load_scenario(path))
+    assert np.all(trace.updates["n_grads"] == 3)
+    recorded = load_scenario(out / "scenario.toml").protocol
+    assert (recorded.kind, dict(recorded.options)) == ("every-k-test", {"k": 3})
+    capsys.readouterr()
+    assert main(["replay", str(out), "--out", str(tmp_path / "again"), "--path", "loop",
+                 "--quiet"]) == 0
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["param_hash"] == summary["param_hash"]
+    # The default (k = 2) is the signature's: two gradients per update.
+    assert np.all(simulate(plugged(protocol={"kind": "every-k-test"})).updates["n_grads"] == 2)
+
+
+@pytest.mark.parametrize("line,key,says", [
+    ("k = 3\nj = 1", "protocol.j", "unknown option for protocol 'every-k-test'; allowed: k"),
+    ('k = "3"', "protocol.k", "must be an integer, got '3'"),
+    ("k = 0", "protocol.k", "must be >= 1, got 0"),
+])
+def test_a_plugin_protocol_refuses_a_bad_option_in_one_line(installed_plugin, tmp_path,
+                                                            capsys, line, key, says):
+    path = tmp_path / "bad.toml"
+    path.write_text(PLUGGED.replace('kind = "pairs-test"', f'kind = "every-k-test"\n{line}'))
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"asyncsim: error: {path}: {key}: {says}", err
+    assert not (tmp_path / "run").exists()
+
+
+def _kinds():
+    """One object of each plug-in kind, its registry, its door and a second object."""
+    from asyncsim.numerics.data import register_dataset
+    from asyncsim.numerics.models import register_model
+
+    class Ticks(delays.DelayModel):
+        def sample(self, rng, learner, now):
+            return 1.0
+
+    class Tocks(Ticks):
+        pass
+
+    class Mine(protocols.Async):
+        pass
+
+    class Yours(protocols.Async):
+        pass
+
+    def rule_a(lr, tau, mean):
+        return lr
+
+    def rule_b(lr, tau, mean):
+        return lr
+
+    def model_a():
+        return None
+
+    def model_b():
+        return None
+
+    return [("asyncsim.delays", delays.register_delay, Ticks, Tocks),
+            ("asyncsim.protocols", protocols.register_protocol, Mine, Yours),
+            ("asyncsim.lr_rules", core.register_lr_rule, rule_a, rule_b),
+            ("asyncsim.models", register_model, model_a, model_b),
+            ("asyncsim.datasets", register_dataset, model_a, model_b)]
+
+
+@pytest.mark.parametrize("index", range(5), ids=["delays", "protocols", "lr_rules", "models",
+                                                 "datasets"])
+def test_every_kind_refuses_a_taken_name_naming_both(fresh_registries, index):
+    """One rule for every registry: a name another object holds is a ValueError naming
+    both, through the public door and the registry's own ``register``; the same object
+    again is fine; ``replace=True`` replaces."""
+    group, door, first, second = _kinds()[index]
+    reg = fresh_registries[group]
+    door("dup-test")(first)
+    door("dup-test")(first)  # the same definition again (a reloaded module)
+    for attempt in (lambda: door("dup-test")(second),
+                    lambda: reg.register("dup-test", second)):
+        with pytest.raises(ValueError, match="already registered") as err:
+            attempt()
+        assert first.__qualname__ in str(err.value) and second.__qualname__ in str(err.value)
+    assert getattr(reg.get("dup-test"), "_wrapped", reg.get("dup-test")) is first
+    reg.register("dup-test", second, replace=True)
+    assert reg.get("dup-test") is second
+    with pytest.raises(ValueError, match="already registered"):  # built-ins are guarded too
+        reg.register(reg.builtin_names()[0], second)
+
+
+def test_the_ray_transport_registers_through_the_one_rule(fresh_registries):
+    """install_registrations replaces (the driver's object is what the scenario means) and
+    adapts what it installs like any registration (a protocol gets its name)."""
+    from asyncsim.drivers.plugins import install_registrations
+
+    class Mine(protocols.Async):
+        pass
+
+    protocols.register_protocol("ray-test")(protocols.Hardsync)
+    install_registrations([("asyncsim.protocols", "ray-test", Mine)])
+    assert protocols.get_protocol_class("ray-test") is Mine and Mine.name == "ray-test"

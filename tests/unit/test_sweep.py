@@ -152,5 +152,5 @@ def test_a_tau_sweep_moves_the_fixed_delay_worker_count():
     assert [it["scenario"].cluster.learners for it in items] == [1, 4, 9]
     for it in items:
         tr = simulate(it["scenario"])
-        tau = it["scenario"].protocol.tau
+        tau = it["scenario"].protocol.options["tau"]
         assert (tr.staleness[tau:] == tau).all()

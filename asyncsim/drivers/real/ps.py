@@ -68,7 +68,7 @@ from asyncsim.drivers.checkpoint import CKPT, resume_from
 from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.drivers.real.clock import Clock
-from asyncsim.timing.protocols import Protocol, get_protocol_class
+from asyncsim.timing.protocols import Protocol, make_protocol
 from asyncsim.trace import RESTARTS_FILE, Trace
 
 __all__ = ["PSHost", "PSImpl"]
@@ -127,7 +127,7 @@ class PSImpl:
         self.driver = _RealDriver(scn, num, folder=self.folder, start=start, versions=False,
                                   record=record)
         self.driver.ps = self
-        self.proto = get_protocol_class(scn.protocol.kind)(scn.protocol, lam)
+        self.proto = make_protocol(scn.protocol, lam)
         self.clock = Clock(self._apply_update)
         self.next_batch = [0] * lam
         if start is not None:

@@ -26,8 +26,8 @@ from asyncsim.drivers.real.threads import thread_counts
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
-from asyncsim.timing.limits import run_length
 from asyncsim.timing.protocols import Protocol, get_protocol_class
+from asyncsim.timing.run_length import run_length
 
 
 class RealRunError(RuntimeError):

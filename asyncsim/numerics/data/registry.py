@@ -28,13 +28,14 @@ _registry: PluginRegistry[Callable[..., Dataset]] = PluginRegistry(
     adapt=callable_value("a factory f(*, seed, **options) -> Dataset"))
 
 
-def register_dataset(name: str) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
+def register_dataset(name: str, *, replace: bool = False) -> Callable[[Callable], Callable]:
     """Decorator registering a factory ``f(*, seed, **options) -> Dataset`` under ``name``.
 
     An installed package can instead expose the factory under the entry-point group
-    ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it.
+    ``asyncsim.datasets`` (docs/plugins.md); a name registered here wins over it, and a
+    name another factory holds is a ValueError unless ``replace`` (``PluginRegistry.register``).
     """
-    return _registry.decorator(name)
+    return _registry.decorator(name, replace=replace)
 
 
 def available_datasets() -> list[str]:

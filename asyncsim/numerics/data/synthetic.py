@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncsim._checks import integer, nonneg
-from asyncsim.config import check_memory
+from asyncsim._checks import integer, memory, nonneg
 from asyncsim.numerics.data.dataset import Dataset, normalised
 from asyncsim.numerics.data.registry import register_dataset
 
@@ -36,8 +35,8 @@ def _check_fits(sizes: dict[str, int], sample_bytes: int, **more: int) -> None:
     refused, by build_dataset's MemoryError)."""
     n = sum(sizes.values())
     key = max({**sizes, **more}.items(), key=lambda kv: kv[1])[0]
-    check_memory(key, n * sample_bytes, "the data set does not fit in this machine's memory: "
-                 "it needs", f" ({n:,} samples of {sample_bytes:,} bytes while it is made)")
+    memory(key, n * sample_bytes, "the data set does not fit in this machine's memory: it "
+           "needs", f" ({n:,} samples of {sample_bytes:,} bytes while it is made)")
 
 
 def _smooth_fields(rng: np.random.Generator, count: int, size: int, freq: int) -> np.ndarray:

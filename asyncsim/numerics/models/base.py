@@ -122,13 +122,16 @@ _registry: PluginRegistry[Callable[..., Model]] = PluginRegistry(
     adapt=callable_value("a factory f(**options) -> Model"))
 
 
-def register_model(name: str) -> Callable[[Callable[..., Model]], Callable[..., Model]]:
+def register_model(name: str, *, replace: bool = False
+                   ) -> Callable[[Callable[..., Model]], Callable[..., Model]]:
     """Decorator registering a factory ``f(**options) -> Model`` under ``name``.
 
     An installed package can instead expose the factory under the entry-point group
-    ``asyncsim.models`` (docs/plugins.md); a name registered here wins over it.
+    ``asyncsim.models`` (docs/plugins.md); a name registered here wins over it. A name
+    taken by another factory is a ValueError naming both unless ``replace``
+    (:meth:`asyncsim._registry.PluginRegistry.register`).
     """
-    return _registry.decorator(name)
+    return _registry.decorator(name, replace=replace)
 
 
 def available_models() -> list[str]:

@@ -81,6 +81,11 @@ class DelayModel:
     validates values and raises ``ValueError("<param>: <what is allowed>, got <value>")``;
     the parameter name before the colon lets :func:`make_delay` name the scenario key.
 
+    A model may declare ``spec_strategy(max_mean)``, a classmethod returning a hypothesis
+    strategy of parameter tables whose model's mean lies in [1e-3, ``max_mean``]; the
+    testing strategies (:mod:`asyncsim.testing`) draw from it, and derive one from the
+    signature where there is none.
+
     Attributes:
         time_dependent: ``False`` (default) means draws do not depend on the simulated time,
             so the simulator may draw them in blocks ahead of time with :meth:`sample_block`.
@@ -124,40 +129,22 @@ _registry: PluginRegistry[type[DelayModel]] = PluginRegistry(
     ENTRY_POINT_GROUP, "distribution", "dist", adapt=lambda obj, name: _adapt(obj, name))
 
 
-def register_delay(name: str) -> Callable[[type], type]:
+def register_delay(name: str, *, replace: bool = False) -> Callable[[type], type]:
     """Register a delay-model class under ``name`` (a class decorator).
 
     ``@register_delay("weibull")`` over a class, or ``register_delay("weibull")(Weibull)``.
     A class that does not derive from :class:`DelayModel` but has ``sample(rng, learner,
-    now)`` is wrapped. Registering a second, different class under a taken name raises
-    ``ValueError``; re-registering the same ``module.qualname`` (a reloaded module, a
-    re-run notebook cell) replaces it. Returns the class unchanged.
+    now)`` is wrapped. The rule of every plug-in kind
+    (:meth:`asyncsim._registry.PluginRegistry.register`): a name taken by another class is a
+    ``ValueError`` naming both unless ``replace``; the same ``module.qualname`` again (a
+    reloaded module, a re-run notebook cell) replaces it. Returns the class unchanged.
     """
-    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
-        raise ValueError(f"delay model name must be a non-empty string without spaces: {name!r}")
-
-    def decorator(cls: type) -> type:
-        adapted = _adapt(cls, name)
-        old = _registry.direct.get(name)
-        if old is not None and _origin_id(old) != _origin_id(adapted):
-            raise ValueError(
-                f"delay model {name!r} is already registered to {_origin_id(old)}; "
-                f"cannot register {_origin_id(adapted)}"
-            )
-        _registry.direct[name] = adapted
-        return cls
-
-    return decorator
+    return _registry.decorator(name, replace=replace)
 
 
 def available_delays() -> list[str]:
     """Names of all delay models: built-ins, registered classes and entry points, sorted."""
     return _registry.names()
-
-
-def _origin_id(cls: type) -> str:
-    src = getattr(cls, "_wrapped", cls)
-    return f"{src.__module__}.{src.__qualname__}"
 
 
 def _adapt(obj: Any, name: str) -> type[DelayModel]:

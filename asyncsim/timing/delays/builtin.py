@@ -21,6 +21,21 @@ from asyncsim.timing.delays.base import DelayModel, make_delay, register_delay
 _MAX_CV = 100.0
 
 
+# The smallest mean a generated spec has (spec_strategy, asyncsim.testing): durations stay
+# away from 0, so generated runs make progress in simulated time.
+STRATEGY_MIN_MEAN = 1e-3
+
+
+def _floats(lo: float, hi: float):
+    from hypothesis import strategies as st  # a test dependency: imported when testing
+
+    return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
+
+
+def _means(max_mean: float):
+    return _floats(STRATEGY_MIN_MEAN, max_mean)
+
+
 def _cv(v: float) -> float:
     if not 0 <= v <= _MAX_CV:
         raise ValueError(f"cv: must be a number in [0, {_MAX_CV:g}], got {v!r}")
@@ -34,6 +49,11 @@ class Constant(DelayModel):
 
     def __init__(self, value: float) -> None:
         self.value = float(nonneg("value", value))
+
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        """Parameter tables of mean in [1e-3, max_mean] (:mod:`asyncsim.testing`)."""
+        return _means(max_mean).map(lambda m: {"value": m})
 
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         return self.value
@@ -55,6 +75,13 @@ class Uniform(DelayModel):
         if not high >= low:
             raise ValueError(f"high: must be >= low ({low!r}), got {high!r}")
         self.high = float(high)
+
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        from hypothesis import strategies as st
+
+        return st.tuples(_means(max_mean), _floats(0.0, 1.0)).map(
+            lambda t: {"low": t[0] * t[1], "high": max(2.0 * t[0] - t[0] * t[1], t[0] * t[1])})
 
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         return float(rng.uniform(self.low, self.high))
@@ -79,6 +106,13 @@ class Normal(DelayModel):
     def __init__(self, mean: float, std: float) -> None:
         self.mu = float(positive("mean", mean))
         self.std = float(nonneg("std", std))
+
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        from hypothesis import strategies as st
+
+        return st.tuples(_means(max_mean), _floats(0.0, 1.0)).map(
+            lambda t: {"mean": t[0], "std": t[0] * t[1]})
 
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         while True:
@@ -119,6 +153,12 @@ class Lognormal(DelayModel):
         self.sigma = math.sqrt(math.log1p(self.cv**2))
         self.mu = math.log(self._m) - 0.5 * self.sigma**2
 
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        from hypothesis import strategies as st
+
+        return st.fixed_dictionaries({"mean": _means(max_mean), "cv": _floats(0.0, 2.0)})
+
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         return float(rng.lognormal(self.mu, self.sigma))
 
@@ -136,6 +176,10 @@ class Exponential(DelayModel):
 
     def __init__(self, mean: float) -> None:
         self._m = float(positive("mean", mean))
+
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        return _means(max_mean).map(lambda m: {"mean": m})
 
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         return float(rng.exponential(self._m))
@@ -165,6 +209,12 @@ class Gamma(DelayModel):
             self.shape = 1.0 / self.cv**2
             self.scale = self._m * self.cv**2
 
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        from hypothesis import strategies as st
+
+        return st.fixed_dictionaries({"mean": _means(max_mean), "cv": _floats(0.0, 2.0)})
+
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         if self._constant:
             return self._m
@@ -191,6 +241,13 @@ class ShiftedExponential(DelayModel):
     def __init__(self, shift: float, mean_excess: float) -> None:
         self.shift = float(nonneg("shift", shift))
         self.mean_excess = float(positive("mean_excess", mean_excess))
+
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        from hypothesis import strategies as st
+
+        return st.tuples(_means(max_mean), _floats(0.0, 0.99)).map(
+            lambda t: {"shift": t[0] * t[1], "mean_excess": t[0] * (1.0 - t[1])})
 
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         return self.shift + float(rng.exponential(self.mean_excess))
@@ -222,6 +279,21 @@ class Straggler(DelayModel):
         self.p = float(p)
         self.factor = float(factor)
         self.time_dependent = self.base.time_dependent  # type: ignore[misc]
+
+    @classmethod
+    def spec_strategy(cls, max_mean, *, nested=None):
+        """``nested(max_mean)``: a strategy of base specs (default: constant ones)."""
+        from hypothesis import strategies as st
+
+        def table(p, factor):
+            base_max = max_mean / (1.0 - p + p * factor)
+            if base_max < STRATEGY_MIN_MEAN:  # no room for a slowdown under a tiny max_mean
+                p, base_max = 0.0, max_mean
+            bases = (nested or (lambda m: Constant.spec_strategy(m).map(
+                lambda t: {"dist": "constant", **t})))(base_max)
+            return bases.map(lambda b: {"base": b, "p": p, "factor": factor})
+
+        return st.tuples(_floats(0.0, 0.5), _floats(1.0, 10.0)).flatmap(lambda t: table(*t))
 
     def sample(self, rng: np.random.Generator, learner: int, now: float) -> float:
         d = self.base.sample(rng, learner, now)

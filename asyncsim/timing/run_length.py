@@ -1,23 +1,26 @@
 """How long a run is: the :meth:`Simulation.run <asyncsim.timing.cluster.Simulation.run>`
-limits a scenario's ``[run]`` table gives, and the refusal, before it starts, of a run whose
-trace alone could not fit in memory."""
+limits a scenario's ``[run]`` table gives (one of updates, gradients, epochs, simulated
+time; 100 updates by default), refused before the run starts where its trace alone could
+not fit in memory (:func:`asyncsim.trace.check_fits`)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from asyncsim.config import Scenario, check_memory
-from asyncsim.timing.protocols import get_protocol_class
+from asyncsim.config import Scenario
+from asyncsim.timing.protocols import make_protocol
+from asyncsim.trace import check_fits
 
-__all__ = ["TRACE_ROW_BYTES", "check_trace_fits", "run_length"]
+__all__ = ["run_length"]
 
 
 def run_length(scenario: Scenario, *, n_train: int | None = None) -> dict[str, Any]:
     """The Simulation.run limits for ``scenario.run`` (epochs need the train-set size).
 
     A run whose trace could not fit in memory is refused here, before it starts, with one
-    line naming the key and the estimate (:func:`check_trace_fits`)."""
+    line naming the key and the estimate (gradients: the protocol's updates per gradient
+    turn a length in updates into one)."""
     r = scenario.run
     if r.updates is not None:
         limits, key = {"max_updates": r.updates}, "run.updates"
@@ -32,22 +35,9 @@ def run_length(scenario: Scenario, *, n_train: int | None = None) -> dict[str, A
         key = "run.epochs"
     else:
         limits, key = {"max_updates": 100}, "run.updates"
-    check_trace_fits(scenario, limits, key)
-    return limits
-
-
-# Bytes of one gradient's trace row (9 columns of 8 bytes) plus its share of an update row,
-# the Python-side buffers while the simulation grows them, and the saved copy.
-TRACE_ROW_BYTES = 2 * (9 * 8 + 4 * 8)
-
-
-def check_trace_fits(scenario: Scenario, limits: dict[str, Any], key: str) -> None:
-    """Refuse a run whose trace alone would need more than the machine's memory
-    (``run.updates = 1e18`` would otherwise grow without end)."""
-    proto = get_protocol_class(scenario.protocol.kind)(scenario.protocol,
-                                                       scenario.cluster.learners)
     grads = limits.get("max_gradients")
     if grads is None:
+        proto = make_protocol(scenario.protocol, scenario.cluster.learners)
         grads = limits["max_updates"] / max(proto.updates_per_gradient(), 1e-12)
-    check_memory(key, grads * TRACE_ROW_BYTES, f"a trace of {grads:.3g} gradients needs",
-                 f" ({TRACE_ROW_BYTES} bytes each)")
+    check_fits(key, grads)
+    return limits
