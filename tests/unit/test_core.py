@@ -566,8 +566,15 @@ def test_user_rule_registration(fresh_registries):
 
     assert set(BUILTIN_RULES) <= set(available_lr_rules())
     assert "test-halved" in available_lr_rules()
-    with pytest.raises(ValueError, match="already"):
-        register_lr_rule("test-halved", halved)
+    # The one registration rule of every plug-in kind: another rule under a taken name is
+    # refused, naming both; the same definition again (a re-run cell) is not.
+    def doubled(lr, staleness, mean_staleness):
+        return 2.0 * lr
+
+    with pytest.raises(ValueError, match="already registered to .*halved; cannot register "
+                                         ".*doubled"):
+        register_lr_rule("test-halved", doubled)
+    register_lr_rule("test-halved", halved)
     core = make_core(opt(lr=1.0, rule="test-halved"), num_learners=1)
     assert _rate_at(core, 0) == 0.5
 
