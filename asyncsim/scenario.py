@@ -373,7 +373,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
         # would silently give seed 0's batches.
         if seed is not None:
             _checks.integer(key, seed, low=0, high=2**32 - 1)
-    check_cluster(scn, base_dir)
+    check_cluster(scn.cluster, scn.protocol, base_dir)
     make_protocol(scn.protocol, scn.cluster.learners)  # its options, checked as it is built
     _check_optimizer(scn)
     _check_factory("model", scn.model.name, scn.model.options)

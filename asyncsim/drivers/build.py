@@ -1,6 +1,7 @@
-"""What the drivers build from a scenario for the layers below: its :class:`Numerics` and a
-message's size. The drivers see the whole scenario; the numerics take their parts of it
-(the model, the data set, the optimizer) and the timing facts the drivers pass down.
+"""What the drivers build from a scenario for the layers below: its :class:`Simulation`, its
+:class:`Numerics` and a message's size. The drivers see the whole scenario; the timing layer
+takes its parts of it (the cluster, the protocol, the timing seed), the numerics theirs (the
+model, the data set, the optimizer) and the timing facts the drivers pass down.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from asyncsim.config import Scenario
 from asyncsim.numerics.models import num_params
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.numerics.parts import build_model
+from asyncsim.timing.cluster import Simulation
 from asyncsim.timing.protocols import make_protocol
 
-__all__ = ["message_bytes", "numerics_for"]
+__all__ = ["message_bytes", "numerics_for", "simulation_for"]
+
+
+def simulation_for(scn: Scenario, **kw: Any) -> Simulation:
+    """``scn``'s :class:`Simulation`: its cluster and protocol, its timing seed and the folder
+    its relative files are read from. ``kw``: :class:`Simulation`'s other keywords
+    (``msg_bytes``, ``on_update``, ``track_reads``)."""
+    return Simulation(scn.cluster, scn.protocol, seed=scn.timing_seed, base_dir=scn.base_dir,
+                      **kw)
 
 
 def numerics_for(scn: Scenario, **kw: Any) -> Numerics:

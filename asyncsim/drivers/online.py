@@ -19,13 +19,12 @@ from typing import Any
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.build import message_bytes, numerics_for
+from asyncsim.drivers.build import message_bytes, numerics_for, simulation_for
 from asyncsim.drivers.checkpoint import CKPT, check_checkpoint, resume_from
 from asyncsim.drivers.driver import Driver, Monitor, RunResult
 from asyncsim.drivers.folder_scenario import start_folder
+from asyncsim.drivers.run_length import run_length
 from asyncsim.numerics.numerics import Numerics
-from asyncsim.timing.cluster import Simulation
-from asyncsim.timing.run_length import run_length
 
 
 def run(scn: Scenario, *, out: str | Path | None = None, resume: bool = False,
@@ -59,9 +58,10 @@ def _run(scn, folder, resume, progress, profile, grouping, numerics, monitor,
     else:
         record = start_folder(folder, scn, profile=profile)
     driver = Driver(scn, num, folder=folder, start=start, monitor=monitor, record=record)
-    sim = Simulation(scn, msg_bytes=message_bytes(scn), track_reads=True,
-                     on_update=lambda v, rows: driver.on_update(v, rows, alive=sim.read_refs,
-                                                                now=sim.env.now))
+    sim = simulation_for(scn, msg_bytes=message_bytes(scn), track_reads=True,
+                         on_update=lambda v, rows: driver.on_update(v, rows,
+                                                                    alive=sim.read_refs,
+                                                                    now=sim.env.now))
     limits = run_length(scn, n_train=num.n_train)
     if progress:
         driver.show_progress(limits.get("max_updates"))

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from asyncsim import runs
 from asyncsim.config import Scenario
-from asyncsim.drivers.build import message_bytes
+from asyncsim.drivers.build import message_bytes, simulation_for
 from asyncsim.drivers.folder_scenario import start_folder
+from asyncsim.drivers.run_length import run_length
 from asyncsim.numerics.data import train_size
-from asyncsim.timing.cluster import Simulation
-from asyncsim.timing.run_length import run_length
 from asyncsim.trace import Trace
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ def simulate(scn: Scenario, *, progress: bool = False) -> Trace:
     """Timing only: the :class:`Trace` of ``scn`` (no gradients, no folder)."""
     n_train = (train_size(scn.data.name, scn.data.options) if scn.run.epochs is not None
                else None)
-    sim = Simulation(scn, msg_bytes=message_bytes(scn))
+    sim = simulation_for(scn, msg_bytes=message_bytes(scn))
     return sim.run(progress=progress, **run_length(scn, n_train=n_train))
 
 

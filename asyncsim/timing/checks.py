@@ -7,17 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncsim import _checks
-from asyncsim.config import SHARINGS, Scenario
+from asyncsim.config import SHARINGS, ClusterConfig, ProtocolConfig
 from asyncsim.errors import ScenarioError
 from asyncsim.timing.delays import make_delay
 from asyncsim.timing.protocols import protocol_options
 from asyncsim.trace import MAX_LEARNERS
 
 
-def check_cluster(scn: Scenario, base_dir: Path | None) -> None:
+def check_cluster(cluster: ClusterConfig, protocol: ProtocolConfig,
+                  base_dir: Path | None) -> None:
     """The cluster's checks: learners, delay specs (against the registry), links, the PS's
-    interface and availability; a one-line ScenarioError under the key at fault."""
-    c = scn.cluster
+    interface and availability (the protocol: what fixed-delay's serial schedules refuse); a
+    one-line ScenarioError under the key at fault."""
+    c = cluster
     lam = c.learners
     if lam < 1 or lam > MAX_LEARNERS:
         raise ScenarioError("cluster.learners", f"must be an integer in 1..{MAX_LEARNERS}, "
@@ -50,18 +52,20 @@ def check_cluster(scn: Scenario, base_dir: Path | None) -> None:
         key = f"cluster.network.{direction}"
         _bandwidth(f"{key}.bandwidth", shared.bandwidth)
         _checks.choice(f"{key}.sharing", shared.sharing, SHARINGS)
-        if _serial_schedule(scn):
-            raise ScenarioError(key, f"fixed-delay's {_serial_schedule(scn)!r} schedule steps "
-                                "its workers one at a time and models no network; remove "
-                                "the shared link or use schedule = \"race\"")
+        serial = _serial_schedule(protocol)
+        if serial:
+            raise ScenarioError(key, f"fixed-delay's {serial!r} schedule steps its workers "
+                                "one at a time and models no network; remove the shared "
+                                "link or use schedule = \"race\"")
     if c.ps_service is not None:
         make_delay(c.ps_service, key="cluster.ps_service", base_dir=base_dir)
     if c.availability is not None:
-        _check_availability(scn, base_dir)
+        _check_availability(c, protocol, base_dir)
 
 
-def _check_availability(scn: Scenario, base_dir: Path | None) -> None:
-    avail, lam = scn.cluster.availability, scn.cluster.learners
+def _check_availability(cluster: ClusterConfig, protocol: ProtocolConfig,
+                        base_dir: Path | None) -> None:
+    avail, lam = cluster.availability, cluster.learners
     if isinstance(avail, tuple):
         if len(avail) != lam:
             raise ScenarioError("cluster.availability", f"a per-learner list needs {lam} "
@@ -79,18 +83,18 @@ def _check_availability(scn: Scenario, base_dir: Path | None) -> None:
             if period == "up" and model.mean == 0:
                 raise ScenarioError(f"{key}.up", "must have a positive mean: a learner that "
                                     "is never up for any time never delivers a gradient")
-    if _serial_schedule(scn):
-        raise ScenarioError("cluster.availability", f"fixed-delay's "
-                            f"{_serial_schedule(scn)!r} schedule steps its workers one at a "
-                            "time and has no learners to take down; remove it or use "
-                            "schedule = \"race\"")
+    serial = _serial_schedule(protocol)
+    if serial:
+        raise ScenarioError("cluster.availability", f"fixed-delay's {serial!r} schedule steps "
+                            "its workers one at a time and has no learners to take down; "
+                            "remove it or use schedule = \"race\"")
 
 
-def _serial_schedule(scn: Scenario) -> str | None:
+def _serial_schedule(protocol: ProtocolConfig) -> str | None:
     """fixed-delay's schedule when it steps one worker at a time (not ``race``), else None."""
-    if scn.protocol.kind != "fixed-delay":
+    if protocol.kind != "fixed-delay":
         return None
-    schedule = protocol_options(scn.protocol)["schedule"]
+    schedule = protocol_options(protocol)["schedule"]
     return None if schedule == "race" else schedule
 
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import simpy
 
-from asyncsim.config import Scenario
+from asyncsim.config import ClusterConfig, ProtocolConfig
 from asyncsim.errors import ScenarioError
 from asyncsim.timing import delays
 from asyncsim.timing.links import SharedLink
@@ -89,8 +90,15 @@ class Simulation:
     links, the PS and the protocol on one ``simpy.Environment``; :meth:`run` returns the
     :class:`Trace`.
 
+    The timing layer takes its part of a scenario only: the ``[cluster]`` and
+    ``[protocol]`` tables, the timing seed and the folder relative files are read from
+    (``asyncsim.drivers.build.simulation_for`` picks them out of a scenario).
+
     Args:
-        scenario: a validated :class:`Scenario`.
+        cluster: a validated ``[cluster]`` table (:class:`ClusterConfig`).
+        protocol: a validated ``[protocol]`` table (:class:`ProtocolConfig`).
+        seed: the seed of the timing streams (:attr:`Scenario.timing_seed`).
+        base_dir: the folder an empirical delay's CSV path is relative to.
         msg_bytes: bytes of one message (weights or gradient) when the links have a finite
             bandwidth and give no ``bytes``; the engine passes 4 × the model's parameters.
         on_update: ``on_update(version, grads)`` is called after the PS applies update
@@ -100,18 +108,18 @@ class Simulation:
             so a driver can free parameter versions nobody will read again.
     """
 
-    def __init__(self, scenario: Scenario, *, msg_bytes: int | None = None,
+    def __init__(self, cluster: ClusterConfig, protocol: ProtocolConfig, *, seed: int,
+                 base_dir: Path | None = None, msg_bytes: int | None = None,
                  on_update: OnUpdate | None = None, track_reads: bool = False):
-        self.scenario = scenario
-        self.seed = scenario.timing_seed
+        self.protocol = protocol
+        self.seed = seed
         self.env = simpy.Environment()
-        c = scenario.cluster
+        c = cluster
         self.learners = c.learners
-        self.proto: Protocol = make_protocol(scenario.protocol, c.learners)
+        self.proto: Protocol = make_protocol(protocol, c.learners)
         self.on_update = on_update
         self.track_reads = track_reads
         self.read_refs: dict[int, int] = {}
-        base_dir = scenario.base_dir  # relative paths (an empirical delay's CSV)
 
         speed = c.speed or (1.0,) * c.learners
         each = isinstance(c.compute, tuple)
@@ -337,7 +345,7 @@ class Simulation:
             proc = self._procs[learner]
             if proc is None:
                 raise ScenarioError("cluster.availability", f"protocol "
-                                    f"{self.scenario.protocol.kind!r} runs no learner loops "
+                                    f"{self.protocol.kind!r} runs no learner loops "
                                     "(Simulation.learner_loop) to take down")
             # The learner's process records the period (it knows what it loses); an
             # interruption is urgent, so that happens before this process goes on.
@@ -470,9 +478,9 @@ class Simulation:
 
     def trace(self) -> Trace:
         meta = {"stop_reason": self.stop_reason, "sim_time": float(self.env.now),
-                "learners": self.learners, "protocol": self.scenario.protocol.kind,
+                "learners": self.learners, "protocol": self.protocol.kind,
                 "seed": self.seed}
-        revision = timing_revision(self.scenario.protocol)
+        revision = timing_revision(self.protocol)
         if revision is not None:
             meta["timing_revision"] = revision
         g = {k: _to_numpy(c) for k, c in zip(GRAD_COLUMNS, self._gcols, strict=True)}

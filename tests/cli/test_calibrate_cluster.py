@@ -8,8 +8,8 @@ import pytest
 
 from asyncsim.calibrate import MIN_DOWN_PERIODS, calibrate, fit_cluster, shared_link_fit
 from asyncsim.cli import main
+from asyncsim.drivers.build import simulation_for
 from asyncsim.scenario import load_scenario
-from asyncsim.timing.cluster import Simulation
 from asyncsim.trace import Trace
 from tests.conftest import TINY
 
@@ -32,7 +32,7 @@ def test_the_line_through_transfer_times_by_hand():
 def _trace(**cluster):
     scn = load_scenario({**BASE, "cluster": {"learners": 8, "compute": {
         "dist": "lognormal", "mean": 1.0, "cv": 0.3}, **cluster}})
-    return scn, Simulation(scn).run(max_updates=3000)
+    return scn, simulation_for(scn).run(max_updates=3000)
 
 
 def test_a_fair_interface_and_exponential_availability_are_recovered():
@@ -61,7 +61,7 @@ def test_periods_cut_by_the_run_s_end_count_as_censored():
     scn = load_scenario({**BASE, "cluster": {"learners": 200, "availability": {
         "up": {"dist": "exponential", "mean": 100.0},
         "down": {"dist": "exponential", "mean": 10.0}}}})
-    trace = Simulation(scn).run(max_time=300.0)
+    trace = simulation_for(scn).run(max_time=300.0)
     fits, _ = fit_cluster(trace, None, push_bytes=None, pull_bytes=None)
     n = trace.num_down  # about 200 x 300 / 110 = 545: a standard error of ~4.3%
     assert fits["availability"]["up"]["mean"] == pytest.approx(100.0, rel=4 / np.sqrt(n))
@@ -102,7 +102,7 @@ def test_calibrate_writes_the_fits_into_a_scenario_that_simulates_them(tmp_path,
     assert scn.cluster.availability.down["mean"] == pytest.approx(5.0, rel=0.3)
     # The calibrated cluster loses gradients at about the rate the source did.
     src = Trace.load(tmp_path / "a")
-    sim = Simulation(scn).run(max_updates=2000)
+    sim = simulation_for(scn).run(max_updates=2000)
     assert sim.down_stats()["up_fraction"] == pytest.approx(src.down_stats()["up_fraction"],
                                                             abs=0.05)
     notes: list[str] = []

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from asyncsim.config import ClusterConfig, RunConfig, Scenario, from_dict, to_dict
+from asyncsim.drivers.build import simulation_for
 from asyncsim.drivers.trace_only import simulate
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import check, load_scenario
 from asyncsim.testing import TraceInvariantError, check_trace, strategies
-from asyncsim.timing.cluster import Simulation
 from asyncsim.trace import DOWN_FILE, Trace
 
 INF = math.inf
@@ -42,7 +42,7 @@ def scenario(cluster: dict, protocol: dict | None = None, seed: int = 0):
 
 
 def run(scn, **limits) -> Trace:
-    trace = Simulation(scn).run(**limits)
+    trace = simulation_for(scn).run(**limits)
     check_trace(trace, scn)
     return trace
 
@@ -661,7 +661,7 @@ def test_up_periods_too_short_for_a_step_are_an_error_not_a_hang():
     t0 = time.perf_counter()
     with pytest.raises(ScenarioError, match="cluster.availability: 100000 gradients lost in "
                                             "a row, none applied") as e:
-        Simulation(scn).run(max_updates=10)
+        simulation_for(scn).run(max_updates=10)
     assert "\n" not in str(e.value) and time.perf_counter() - t0 < 10.0
     # A time limit reached first ends the run normally, with nothing applied: downs at
     # 0.5, 1.1, ..., 99.5, each losing batch 0.

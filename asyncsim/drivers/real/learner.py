@@ -14,10 +14,9 @@ import time
 import jax
 import numpy as np
 
-from asyncsim.drivers.build import numerics_for
+from asyncsim.drivers.build import numerics_for, simulation_for
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.drivers.real.threads import thread_counts
-from asyncsim.timing.cluster import Simulation
 
 __all__ = ["LearnerImpl"]
 
@@ -46,7 +45,7 @@ class LearnerImpl:
         self.sleep = None
         if emulate:
             # The simulator's own compute stream for this learner (same seed, same draws).
-            self.sleep = Simulation(scn).compute[learner]
+            self.sleep = simulation_for(scn).compute[learner]
         self.job_id = job_id
 
     def ready(self, job) -> int:

@@ -23,11 +23,11 @@ from asyncsim.drivers.real import watchdog
 from asyncsim.drivers.real.learner import LearnerImpl
 from asyncsim.drivers.real.ps import PSHost
 from asyncsim.drivers.real.threads import thread_counts
+from asyncsim.drivers.run_length import run_length
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.protocols import Protocol, get_protocol_class
-from asyncsim.timing.run_length import run_length
 
 
 class RealRunError(RuntimeError):
