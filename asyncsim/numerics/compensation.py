@@ -57,7 +57,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from asyncsim._checks import choice, is_finite
+from asyncsim._checks import choice, is_finite, table
 from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.numerics.chain import Piece, no_state, zero_padding
 
@@ -90,8 +90,7 @@ class Compensation(NamedTuple):
 def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[str, float]]:
     """``(kind, parameters with defaults)`` of a ``compensation`` table, checked; a
     one-line ScenarioError under ``key`` otherwise."""
-    if not isinstance(spec, Mapping):
-        raise ScenarioError(key, f"must be a table {{ kind = \"dc-asgd\", ... }}, got {spec!r}")
+    table(key, spec, '{ kind = "dc-asgd", ... }')
     kind = spec.get("kind")
     choice(f"{key}.kind", kind, tuple(KINDS), what="compensation")
     allowed = KINDS[kind]
