@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
 
@@ -32,10 +32,21 @@ def is_finite(v: Any) -> bool:
         return False
 
 
-def positive(name: str, v: Any, *, finite: bool = False) -> float:
-    """``v > 0`` (and finite with ``finite``), as a float."""
+def finite(name: str, v: Any) -> float:
+    """A finite number (not a bool, not NaN or inf, an integer within float range), as a
+    float."""
+    if not _is_number(v) or not is_finite(v):
+        raise ScenarioError(name, f"must be a finite number, got {v!r}")
+    return float(v)
+
+
+def positive(name: str, v: Any, *, finite: bool = False, unit: str = "") -> float:
+    """``v > 0`` (and finite with ``finite``), as a float; ``unit`` says what it counts, for
+    the message (``bytes per second``: "a positive number of bytes per second")."""
     what = "a positive finite number" if finite else "a positive number"
-    if not _is_number(v) or not v > 0 or (finite and math.isinf(v)):
+    if unit:
+        what = f"{what} of {unit}"
+    if not _is_number(v) or not v > 0 or (finite and not is_finite(v)):
         raise ScenarioError(name, f"must be {what}, got {v!r}")
     return float(v)
 
@@ -43,7 +54,7 @@ def positive(name: str, v: Any, *, finite: bool = False) -> float:
 def nonneg(name: str, v: Any, *, finite: bool = True) -> float:
     """``v >= 0`` (and finite, by default), as a float."""
     what = "a finite number >= 0" if finite else "a number >= 0"
-    if not _is_number(v) or not v >= 0 or (finite and math.isinf(v)):
+    if not _is_number(v) or not v >= 0 or (finite and not is_finite(v)):
         raise ScenarioError(name, f"must be {what}, got {v!r}")
     return float(v)
 
@@ -98,6 +109,23 @@ def flag(name: str, v: Any) -> bool:
     """``true`` or ``false`` (TOML booleans only: 1 and "yes" are refused)."""
     if not isinstance(v, bool):
         raise ScenarioError(name, f"must be true or false, got {v!r}")
+    return v
+
+
+def string(name: str, v: Any) -> str:
+    """A string (a name, a label): anything else is refused, not converted."""
+    if not isinstance(v, str):
+        raise ScenarioError(name, f"must be a string, got {v!r}")
+    return v
+
+
+def table(name: str, v: Any, detail: str = "") -> Mapping[str, Any]:
+    """A table (any mapping: a TOML table, a dict from Python); ``detail`` follows "a
+    table" in the message, to say what it holds (``{ name = "adam", ... }``, ``of scenario
+    tables``)."""
+    if not isinstance(v, Mapping):
+        what = f"a table {detail}" if detail else "a table"
+        raise ScenarioError(name, f"must be {what}, got {v!r}")
     return v
 
 

@@ -26,7 +26,6 @@ import collections.abc
 import functools
 import importlib.metadata
 import inspect
-import math
 import numbers
 import os
 import types
@@ -35,7 +34,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar, Union
 
-from asyncsim._checks import choice, int64
+from asyncsim._checks import choice, finite, int64
 from asyncsim.errors import ScenarioError, did_you_mean
 
 T = TypeVar("T")
@@ -320,13 +319,7 @@ def coerce(hint: Any, value: Any, key: str, base_dir: Any = None,
         if t is float:
             wants.append("a finite number")
             if isinstance(value, int | float) and not isinstance(value, bool):
-                try:
-                    value = float(value)
-                except OverflowError:  # an integer beyond float range (TOML's are unbounded)
-                    value = math.inf
-                if not math.isfinite(value):
-                    raise ScenarioError(key, f"must be a finite number, got {value!r}")
-                return value
+                return finite(key, value)
         elif t is int:
             wants.append("an integer")
             if isinstance(value, int) and not isinstance(value, bool):

@@ -174,25 +174,17 @@ def resolve_raw(
     """Apply a profile, ``--set`` overrides and ``--seed`` to a raw scenario mapping."""
     raw = dict(raw)
     profiles = raw.pop("profiles", {})
-    if not isinstance(profiles, Mapping):
-        raise ScenarioError("profiles", "must be a table of profile tables (smoke, paper)")
+    _checks.table("profiles", profiles, "of profile tables (smoke, paper)")
     tables = [f.name for f in dataclasses.fields(Scenario) if f.name != "source"]
     for name, table in profiles.items():
-        if name not in PROFILES:
-            raise ScenarioError(f"profiles.{name}",
-                                f"unknown profile; allowed: {', '.join(PROFILES)}"
-                                f"{did_you_mean(name, PROFILES)}")
-        if not isinstance(table, Mapping):
-            raise ScenarioError(f"profiles.{name}", "must be a table of scenario tables")
+        _checks.choice(f"profiles.{name}", name, PROFILES, what="profile")
+        _checks.table(f"profiles.{name}", table, "of scenario tables")
         for k in table:  # a profile overrides the scenario's own keys: the same names
             if k not in tables:
                 raise ScenarioError(f"profiles.{name}.{k}", f"unknown key; allowed here: "
                                     f"{', '.join(tables)}{did_you_mean(k, tables)}")
     if profile is not None:
-        if profile not in PROFILES:
-            raise ScenarioError("--profile",
-                                f"unknown profile {profile!r}; allowed: {', '.join(PROFILES)}"
-                                f"{did_you_mean(profile, PROFILES)}")
+        _checks.choice("--profile", profile, PROFILES, what="profile")
         if profile != "default":
             if profile not in profiles:
                 # Silently running the default scale would start a long job for a user who

@@ -98,9 +98,7 @@ def check_fits(key: str, gradients: float) -> None:
 
 
 def _text(name: str, v: Any) -> Any:
-    if v is not None and not isinstance(v, str):
-        raise ScenarioError(name, f"must be a string, got {v!r}")
-    return v
+    return v if v is None else _checks.string(name, v)
 
 
 # trace_meta.json's fields asyncsim reads, each checked when a trace is loaded (other fields

@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from asyncsim import runs
+from asyncsim._checks import choice, integer
 from asyncsim._io import save_figure
-from asyncsim.errors import ScenarioError, did_you_mean
+from asyncsim.errors import ScenarioError
 from asyncsim.stability.closed_form import MOMENTUM_KINDS, asymptote, edge_table
 
 # What the columns are (printed under the table).
@@ -31,15 +32,13 @@ LEGEND = ("closed_form: the largest stable eta*lambda at constant delay tau (P2)
 
 
 def _check(args) -> None:
-    for t in args.tau:
-        if t < 0:
-            raise ScenarioError("--tau", f"delays must be integers >= 0, got {t}",
-                                file="asyncsim stability")
-    for m in args.momentum:
-        if m not in MOMENTUM_KINDS:
-            raise ScenarioError("--momentum", f"unknown kind {m!r}; allowed: "
-                                f"{', '.join(MOMENTUM_KINDS)}{did_you_mean(m, MOMENTUM_KINDS)}",
-                                file="asyncsim stability")
+    try:
+        for t in args.tau:
+            integer("--tau", t, low=0)
+        for m in args.momentum:
+            choice("--momentum", m, MOMENTUM_KINDS, what="kind")
+    except ScenarioError as e:
+        raise e.with_file("asyncsim stability") from None
     for b in args.beta:
         if not abs(b) < 1:
             raise ScenarioError("--beta", f"must satisfy |beta| < 1, got {b}",

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Union
 
-from asyncsim._checks import int64
+from asyncsim._checks import flag, int64, string, table
 from asyncsim.config.schema import OPEN_TABLES
 from asyncsim.errors import ScenarioError, did_you_mean
 
@@ -73,17 +73,14 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise (errors[0][1] if len(errors) == 1 else shaped[0])
         raise ScenarioError(key, f"must be {_describe(tp)}, got {value!r}")
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise ScenarioError(key, f"must be a table, got {value!r}")
-        return from_dict(tp, value, prefix=key)
+        return from_dict(tp, table(key, value), prefix=key)
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise ScenarioError(key, f"must be {_describe(tp)}, got {value!r}")
         (item,) = typing.get_args(tp)[:1]
         return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
     if origin in (Mapping, dict) or tp is Mapping:
-        if not isinstance(value, Mapping):
-            raise ScenarioError(key, f"must be a table, got {value!r}")
+        table(key, value)
         args = typing.get_args(tp)
         vt = args[1] if len(args) == 2 else Any
         if vt is Any:
@@ -95,9 +92,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if tp is Any:
         return value
     if tp is bool:
-        if not isinstance(value, bool):
-            raise ScenarioError(key, f"must be true or false, got {value!r}")
-        return value
+        return flag(key, value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ScenarioError(key, f"must be an integer, got {value!r}")
@@ -110,9 +105,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ScenarioError(key, "must be a number, got NaN")
         return value
     if tp is str:
-        if not isinstance(value, str):
-            raise ScenarioError(key, f"must be a string, got {value!r}")
-        return value
+        return string(key, value)
     return value
 
 

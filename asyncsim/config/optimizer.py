@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from asyncsim._checks import choice, unit_interval
+from asyncsim._checks import choice, string, unit_interval
 from asyncsim.config.schema import (
     LR_STALENESS,
     MOMENTUM_KINDS,
@@ -58,9 +58,7 @@ def rule_spec(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule"
     if "name" not in spec:
         raise ScenarioError(f"{key}.name", "missing: a table lr_rule names its rule "
                             "(lr_rule = { name = \"polynomial\", a = 0.5 })")
-    name = spec["name"]
-    if not isinstance(name, str):
-        raise ScenarioError(f"{key}.name", f"must be a string, got {name!r}")
+    name = string(f"{key}.name", spec["name"])
     return name, {k: v for k, v in spec.items() if k != "name"}
 
 

@@ -51,22 +51,25 @@ flight).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from asyncsim._checks import choice, is_finite
+from asyncsim._checks import choice, nonneg, positive, table, unit_interval
+from asyncsim._registry import coerce
 from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.numerics.chain import Piece, no_state, zero_padding
 
 KEY = "optimizer.compensation"
-# kind -> {parameter: (default, check)}; "lambda" is a Python keyword, so no signature.
-_UNIT = ("in [0, 1)", lambda v: 0.0 <= v < 1.0)
-_POS = ("> 0", lambda v: v > 0.0)
-_NONNEG = (">= 0", lambda v: v >= 0.0)
-KINDS: dict[str, dict[str, tuple[float, tuple[str, Any]]]] = {
+# kind -> {parameter: (default, its range's check)}; "lambda" is a Python keyword, so no
+# signature.
+_UNIT = unit_interval
+_POS = functools.partial(positive, finite=True)
+_NONNEG = nonneg
+KINDS: dict[str, dict[str, tuple[float, Callable[[str, Any], float]]]] = {
     "dc-asgd": {"lambda": (0.04, _NONNEG)},
     "dc-asgd-a": {"lambda": (2.0, _NONNEG), "momentum": (0.95, _UNIT), "eps": (1e-7, _POS)},
     "gap-aware": {"gamma": (0.999, _UNIT), "eps": (1e-8, _POS)},
@@ -90,8 +93,7 @@ class Compensation(NamedTuple):
 def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[str, float]]:
     """``(kind, parameters with defaults)`` of a ``compensation`` table, checked; a
     one-line ScenarioError under ``key`` otherwise."""
-    if not isinstance(spec, Mapping):
-        raise ScenarioError(key, f"must be a table {{ kind = \"dc-asgd\", ... }}, got {spec!r}")
+    table(key, spec, '{ kind = "dc-asgd", ... }')
     kind = spec.get("kind")
     choice(f"{key}.kind", kind, tuple(KINDS), what="compensation")
     allowed = KINDS[kind]
@@ -103,11 +105,8 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
             raise ScenarioError(f"{key}.{k}", f"unknown parameter for compensation {kind!r}; "
                                 f"allowed: kind, {', '.join(allowed)}"
                                 f"{did_you_mean(k, list(allowed))}")
-        what, ok = allowed[k][1]
-        if (isinstance(v, bool) or not isinstance(v, int | float) or not is_finite(v)
-                or not ok(float(v))):
-            raise ScenarioError(f"{key}.{k}", f"must be a finite number {what}, got {v!r}")
-        out[k] = float(v)
+        coerce(float, v, f"{key}.{k}")  # a float parameter's check: an int or float, finite
+        out[k] = allowed[k][1](f"{key}.{k}", v)
     return kind, out
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from asyncsim._checks import choice, is_finite
+from asyncsim._checks import choice, finite, flag, is_finite, nonneg, positive, table, unit_interval
 from asyncsim._registry import call_checked, check_options
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.chain import Piece
@@ -45,13 +45,12 @@ _NEEDS_MORE = ("lbfgs", "noisy_sgd")
 # Options that optax takes as functions (a mask over the parameters): not from a file.
 _CALLABLE_ONLY = ("mask", "weight_decay_mask")
 
-# The aliases' common options with a range: (test, the range in words). Decay rates of
+# The aliases' common options with a range, and its check. Decay rates of
 # moment estimates are in [0, 1) (b1 = 2 makes the moments grow without end); eps guards a
 # division, so it is positive (>= 0 where the alias's own default is 0).
-_UNIT = (lambda v: 0 <= v < 1, "in [0, 1)")
-_RANGES = {"b1": _UNIT, "b2": _UNIT, "b3": _UNIT, "decay": _UNIT,
-           "eps": (lambda v: v > 0, "a number > 0"),
-           "eps_root": (lambda v: v >= 0, "a number >= 0")}
+_RANGES = {"b1": unit_interval, "b2": unit_interval, "b3": unit_interval,
+           "decay": unit_interval, "eps": positive,
+           "eps_root": functools.partial(nonneg, finite=False)}
 
 __all__ = ["make_transform", "server_transform", "transform_names", "transform_spec"]
 
@@ -80,8 +79,7 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
     """``(alias name, its options)`` of a ``transform`` table, checked: a known alias, only
     its own keyword options (``learning_rate`` is asyncsim's ``lr`` x schedule), scalar
     values. Raises a one-line ScenarioError under ``key``."""
-    if not isinstance(spec, Mapping):
-        raise ScenarioError(key, f"must be a table {{ name = \"adam\", ... }}, got {spec!r}")
+    table(key, spec, '{ name = "adam", ... }')
     name = spec.get("name")
     names = transform_names()
     if "name" not in spec:
@@ -104,19 +102,15 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
                                 "file cannot give")
         d = params[k].default if k in params else None
         ann = str(params[k].annotation) if k in params else ""
-        if d is None and "float" in ann and (isinstance(v, bool) or isinstance(v, str)):
-            raise ScenarioError(f"{key}.{k}", f"must be a finite number, got {v!r}")
         # optax's annotations admit arrays; the default says what the option is.
-        if isinstance(d, bool) and not isinstance(v, bool):
-            raise ScenarioError(f"{key}.{k}", f"must be true or false, got {v!r}")
-        if (isinstance(d, int | float) and not isinstance(d, bool)
-                and (isinstance(v, bool) or not isinstance(v, int | float))):
-            raise ScenarioError(f"{key}.{k}", f"must be a finite number, got {v!r}")
+        if ((d is None and "float" in ann)
+                or (isinstance(d, int | float) and not isinstance(d, bool))):
+            finite(f"{key}.{k}", v)
+        if isinstance(d, bool):
+            flag(f"{key}.{k}", v)
         if k in _RANGES and isinstance(v, int | float) and not isinstance(v, bool):
             # eps = 0 where it is the alias's own default (lars)
-            ok, what = _RANGES["eps_root" if k == "eps" and d == 0 else k]
-            if not ok(v):
-                raise ScenarioError(f"{key}.{k}", f"must be {what}, got {v!r}")
+            _RANGES["eps_root" if k == "eps" and d == 0 else k](f"{key}.{k}", v)
     kwargs = check_options(fn, options, key=key, what="optax optimizer", name=name,
                            noun="option", exclude=("learning_rate",), also=("name",))
     return name, kwargs

@@ -21,9 +21,7 @@ def check_cluster(cluster: ClusterConfig, protocol: ProtocolConfig,
     one-line ScenarioError under the key at fault."""
     c = cluster
     lam = c.learners
-    if lam < 1 or lam > MAX_LEARNERS:
-        raise ScenarioError("cluster.learners", f"must be an integer in 1..{MAX_LEARNERS}, "
-                            f"got {lam}")
+    _checks.integer("cluster.learners", lam, high=MAX_LEARNERS)
     if isinstance(c.compute, tuple):
         if len(c.compute) != lam:
             raise ScenarioError("cluster.compute", f"a per-learner list needs {lam} entries "
@@ -43,8 +41,8 @@ def check_cluster(cluster: ClusterConfig, protocol: ProtocolConfig,
         key = f"cluster.network.{direction}"
         make_delay(link.latency, key=f"{key}.latency", base_dir=base_dir)
         _bandwidth(f"{key}.bandwidth", link.bandwidth)
-        if link.bytes is not None and link.bytes < 0:
-            raise ScenarioError(f"{key}.bytes", f"must be >= 0, got {link.bytes}")
+        if link.bytes is not None:
+            _checks.integer(f"{key}.bytes", link.bytes, low=0)
     for direction in ("ps_ingress", "ps_egress"):
         shared = getattr(c.network, direction)
         if shared is None:
@@ -100,6 +98,4 @@ def _serial_schedule(protocol: ProtocolConfig) -> str | None:
 
 def _bandwidth(key: str, value: float) -> None:
     """A link's bandwidth, private or the PS's shared interface."""
-    if not value > 0:
-        raise ScenarioError(key, f"must be a positive number of bytes per second (inf = "
-                            f"free), got {value!r}")
+    _checks.positive(key, value, unit="bytes per second (inf = free)")

@@ -146,7 +146,7 @@ def test_integers_beyond_64_bits_are_refused(tmp_path, capsys, tables, key):
 # ----------------------------------------------------------------------------- 7. optimizer
 @pytest.mark.parametrize("optimizer,key,words", [
     ({"transform": {"name": "adam", "b1": 2.0}}, "optimizer.transform.b1", "in [0, 1)"),
-    ({"transform": {"name": "adam", "eps": -1.0}}, "optimizer.transform.eps", "> 0"),
+    ({"transform": {"name": "adam", "eps": -1.0}}, "optimizer.transform.eps", "a positive number"),
     ({"lr": 1e308}, "optimizer.lr", "float32"),
     ({"lr_rule": {"name": "polynomial", "a": 1e308}}, "optimizer.lr_rule.a", "float32"),
     ({"schedule": {"decay_epochs": [1, 2], "decay_factor": 1e30}},

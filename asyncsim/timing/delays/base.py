@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from asyncsim._checks import table
 from asyncsim._registry import (
     PluginRegistry,
     alternatives,
@@ -212,11 +213,7 @@ def make_delay(
     """
     if isinstance(spec, DelayModel):
         return spec
-    if not isinstance(spec, Mapping):
-        raise ScenarioError(
-            key,
-            f'must be a table such as {{dist = "lognormal", mean = 1.0, cv = 0.1}}, got {spec!r}',
-        )
+    table(key, spec, 'such as {dist = "lognormal", mean = 1.0, cv = 0.1}')
     dist_key = _join(key, "dist")
     if "dist" not in spec:
         raise ScenarioError(dist_key, f"missing; allowed: {', '.join(available_delays())}")
