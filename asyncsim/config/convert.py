@@ -100,7 +100,11 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ScenarioError(key, f"must be a number, got {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # TOML's integers are unbounded
+            raise ScenarioError(key, f"must be a number, got an integer of {len(str(value))} "
+                                "digits, beyond float range") from None
         if math.isnan(value):
             raise ScenarioError(key, "must be a number, got NaN")
         return value

@@ -224,3 +224,10 @@ def test_a_set_value_nested_too_deeply_is_one_line(tmp_path, capsys):
                  "--quiet"]) == 2
     assert "seed: the value is nested too deeply" in _one_line(capsys)
     assert not (tmp_path / "t").exists()
+
+
+def test_an_integer_beyond_float_range_for_a_number_is_one_line(tmp_path, capsys):
+    """Before: `optimizer.lr = 1000...0` (401 digits) was an OverflowError traceback."""
+    err = _refused(tmp_path, capsys, "trace", "optimizer.lr", optimizer={"lr": 10**400},
+                   run=TRACE)
+    assert "must be a number, got an integer of 401 digits, beyond float range" in err
