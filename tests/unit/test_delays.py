@@ -76,7 +76,7 @@ def test_every_builtin_protocol_has_a_strategy():
     from asyncsim.testing import PROTOCOL_KINDS
     from asyncsim.timing import protocols
 
-    assert builtin_names(protocols._registry) == set(PROTOCOL_KINDS)
+    assert builtin_names(protocols.base._registry) == set(PROTOCOL_KINDS)
 
 
 @pytest.mark.parametrize("spec,mean", CASES, ids=IDS)
