@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import math
 import random
 import sys
@@ -613,31 +614,14 @@ def test_delay_specs_cover_plug_in_models(fresh_registries, data):
         data.draw(delay_specs(dists=["needs-text-test"]))
 
 
-class _EveryK:
-    """A plug-in protocol with an option and no strategy of its own (one is derived from
-    its signature); refuses k = 0 and more than the cluster's learners."""
-
-    @staticmethod
-    def make():
-        from asyncsim.timing.protocols import Protocol
-
-        class EveryK(Protocol):
-            def __init__(self, learners, *, k: int = 2):
-                super().__init__(learners)
-                if not 1 <= k <= learners:
-                    raise ValueError(f"k: must be in 1..{learners}, got {k}")
-                self.k, self.buffer = k, []
-
-            def updates_per_gradient(self):
-                return 1.0 / self.k
-
-            def on_arrival(self, sim, grad):
-                self.buffer.append(grad)
-                if len(self.buffer) == self.k:
-                    batch, self.buffer = self.buffer, []
-                    sim.apply_update(batch)
-
-        return EveryK
+def _plugin_example():
+    """The example plug-in package's module (tests/plugin_pkg), loaded from its file: its
+    protocol registered in Python here, not through its entry point."""
+    path = Path(__file__).resolve().parents[1] / "plugin_pkg" / "asyncsim_plugin_example.py"
+    spec = importlib.util.spec_from_file_location("_asyncsim_plugin_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @settings(max_examples=25, deadline=None,
@@ -653,7 +637,7 @@ def test_scenarios_and_clusters_take_plug_in_names(fresh_registries, data):
     from asyncsim.timing import protocols as protocol_registry
 
     register_delay("scaled-test")(_Scaled)
-    protocol_registry.register_protocol("every-k-strategy-test")(_EveryK.make())
+    protocol_registry.register_protocol("every-k-strategy-test")(_plugin_example().EveryK)
     scn = data.draw(scenarios(dists=["scaled-test"], kinds=["every-k-strategy-test"],
                               max_learners=6, max_updates=10))
     specs = scn.cluster.compute if isinstance(scn.cluster.compute, tuple) else (
