@@ -95,10 +95,13 @@ def check_checkpoint(folder: Path, scn: Scenario) -> dict[str, Any]:
     extra = checkpoint_meta(folder).get("extra", {})
     revision = timing_revision(scn.protocol)
     if extra.get("timing_revision") != revision:
-        schedule = protocol_options(scn.protocol)["schedule"]
-        raise ScenarioError("protocol.schedule", f"{folder / CKPT} was made under another "
-                            f"timing model of schedule {schedule!r} (before "
-                            f"asyncsim 0.3 it was the racing model, now \"race\"); "
+        # fixed-delay's schedule is what changed meaning; another protocol's checkpoint
+        # marked so was made for another scenario.
+        schedule = protocol_options(scn.protocol).get("schedule")
+        why = ("" if schedule is None else f" of schedule {schedule!r} (before asyncsim 0.3 "
+               "it was the racing model, now \"race\")")
+        raise ScenarioError("protocol.schedule" if schedule is not None else "protocol.kind",
+                            f"{folder / CKPT} was made under another timing model{why}; "
                             f"{_START_OVER}", file=str(folder))
     return check_resume(folder, extra.get("scenario"), scn)
 

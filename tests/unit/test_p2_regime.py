@@ -120,6 +120,12 @@ def test_a_trace_or_checkpoint_of_the_old_normal_schedule_is_not_reused(tmp_path
     save_checkpoint(tmp_path, 0, num.init_state(), {}, Recorder(),
                     {"scenario": record, "timing_revision": "normal=phi-draw"})
     assert check_checkpoint(tmp_path, scn) == record
+    # A checkpoint of the new normal schedule under a protocol without a schedule (made for
+    # another scenario) is refused in one line too, under protocol.kind.
+    soft = load_scenario({**raw, "protocol": {"kind": "softsync", "n": 1}})
+    with pytest.raises(ValueError, match="protocol.kind: .*made under another timing model; "
+                                         "pass --force"):
+        check_checkpoint(tmp_path, soft)
 
 
 def test_a_profile_that_renames_the_model_or_data_set_drops_their_options():
