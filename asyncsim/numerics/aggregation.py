@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from asyncsim.numerics.chain import Piece, bcast, no_state
+from asyncsim.numerics.chain import Piece, bcast, cast_like, no_state
 
 __all__ = ["aggregate", "aggregated", "softsync_weights"]
 
@@ -37,10 +37,6 @@ def softsync_weights() -> Piece:
     return Piece(no_state, update)
 
 
-def _cast(x, p):
-    return x.astype(jnp.result_type(p))
-
-
 def aggregated(params, grads, weights, decay, wd):
     """``d = sum_l w_l g_l + (sum_l w_l) wd_p theta``, ``wd_p = wd * decay_p``: the
     weighted sum of ``sum_l w_l (g_l + wd_p theta)`` with the decay term (on the fresh
@@ -51,9 +47,9 @@ def aggregated(params, grads, weights, decay, wd):
         # One gradient (async, fixed delay, lambda-softsync): the same value without a
         # reduction over a length-1 axis, which XLA's CPU backend materialises as a separate
         # pass over the parameters (measured ~25% of a small MLP step).
-        return tm(lambda g, p, k: _cast(weights[0] * g[0] + (w_total * (wd * k)) * p, p),
+        return tm(lambda g, p, k: cast_like(weights[0] * g[0] + (w_total * (wd * k)) * p, p),
                   grads, params, decay)
-    return tm(lambda g, p, k: _cast(jnp.sum(bcast(weights, g) * g, axis=0)
+    return tm(lambda g, p, k: cast_like(jnp.sum(bcast(weights, g) * g, axis=0)
                                     + (w_total * (wd * k)) * p, p),
               grads, params, decay)
 

@@ -17,10 +17,11 @@ each piece owns named fields. A :class:`Piece` is the pair:
 :func:`read_slots` turns ``apply``'s arguments into the first :class:`Update`; :func:`chain`
 composes pieces; :func:`unless_all_padding` wraps a chain so that an update whose slots are
 all padding leaves the state's step unchanged. The pieces live with their concepts: the
-staleness the lr rule sees, the rule and the softsync weights (:mod:`~asyncsim.numerics.weights`),
+staleness the lr rule sees and the rule's per-gradient rates (:mod:`~asyncsim.numerics.weights`),
 the schedule (:mod:`~asyncsim.numerics.schedule`), delay compensation
 (:mod:`~asyncsim.numerics.compensation`), weight decay
-(:mod:`~asyncsim.numerics.weight_decay`), aggregation (:mod:`~asyncsim.numerics.aggregation`),
+(:mod:`~asyncsim.numerics.weight_decay`), the softsync weights and the aggregate
+(:mod:`~asyncsim.numerics.aggregation`),
 momentum and the descent step (:mod:`~asyncsim.numerics.momentum`) and the optax server
 transform (:mod:`~asyncsim.numerics.transforms`); :func:`~asyncsim.numerics.core.make_core`
 assembles them.
@@ -39,8 +40,8 @@ import jax.numpy as jnp
 
 PyTree = Any
 
-__all__ = ["Piece", "Update", "bcast", "chain", "no_state", "read_slots", "unless_all_padding",
-           "zero_padding"]
+__all__ = ["Piece", "Update", "bcast", "cast_like", "chain", "no_state", "read_slots",
+           "unless_all_padding", "zero_padding"]
 
 
 class Update(NamedTuple):
@@ -148,6 +149,11 @@ def unless_all_padding(inner: Piece) -> Piece:
 def bcast(v: jax.Array, like: jax.Array) -> jax.Array:
     """Reshape a ``[c]`` vector to broadcast against a ``[c, ...]`` leaf."""
     return v.reshape(v.shape + (1,) * (like.ndim - 1))
+
+
+def cast_like(x: jax.Array, p: jax.Array) -> jax.Array:
+    """``x`` in ``p``'s dtype: every step keeps its parameter's (or buffer's) dtype."""
+    return x.astype(jnp.result_type(p))
 
 
 def zero_padding(grads: PyTree, valid: jax.Array) -> PyTree:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from asyncsim.numerics.chain import Piece, no_state
+from asyncsim.numerics.chain import Piece, cast_like, no_state
 
 __all__ = ["Damp", "buffer_momentum", "descend", "shifted_momentum"]
 
@@ -51,10 +51,6 @@ def _fresh(dampening, beta) -> Damp:
     return Damp(beta if dampening == "beta" else dampening)
 
 
-def _cast(x, p):
-    return x.astype(jnp.result_type(p))
-
-
 def buffer_momentum(*, nesterov: bool, torch: bool, dampening) -> Piece:
     """One buffer shaped like the parameters (kinds ``heavy-ball``, ``dampened``,
     ``nesterov``; the module docstring gives the recurrences): it takes the aggregate
@@ -73,11 +69,11 @@ def buffer_momentum(*, nesterov: bool, torch: bool, dampening) -> Piece:
         fresh = _fresh(dampening, beta)
         d = u.direction
         if torch:  # the buffer starts as a copy of its first step
-            momentum = tm(lambda m, x: _cast(jnp.where(state.started, beta * m + fresh(x), x),
+            momentum = tm(lambda m, x: cast_like(jnp.where(state.started, beta * m + fresh(x), x),
                                              m), state.momentum, d)
         else:
-            momentum = tm(lambda m, x: _cast(beta * m + fresh(x), m), state.momentum, d)
-        step = (tm(lambda x, m: _cast(x + beta * m, m), d, momentum) if nesterov
+            momentum = tm(lambda m, x: cast_like(beta * m + fresh(x), m), state.momentum, d)
+        step = (tm(lambda x, m: cast_like(x + beta * m, m), d, momentum) if nesterov
                 else momentum)
         started = jnp.ones((), bool) if torch else state.started
         return u._replace(direction=step), state._replace(momentum=momentum, started=started)
@@ -169,10 +165,10 @@ def descend() -> Piece:
     def update(u, state):
         eta = u.eta
         if eta is not None:
-            new = jax.tree_util.tree_map(lambda p, s: _cast(p - eta * s, p), u.params,
+            new = jax.tree_util.tree_map(lambda p, s: cast_like(p - eta * s, p), u.params,
                                          u.direction)
         else:
-            new = jax.tree_util.tree_map(lambda p, s: _cast(p - s, p), u.params, u.direction)
+            new = jax.tree_util.tree_map(lambda p, s: cast_like(p - s, p), u.params, u.direction)
         return u, state._replace(params=new)
 
     return Piece(no_state, update)

@@ -109,7 +109,7 @@ def delay_specs(
             when it is the only one).
         max_mean: upper bound on the mean of a generated model (its lower bound is 1e-3).
 
-    Every spec is accepted by :func:`asyncsim.delays.make_delay`, and the model's analytic
+    Every spec is accepted by :func:`asyncsim.timing.delays.make_delay`, and the model's analytic
     ``mean`` (untruncated for ``normal``) is at most ``max_mean``.
     """
     names = _dist_names(dists)
@@ -157,7 +157,7 @@ def plugin_specs(dist: str, max_mean: float = 10.0) -> st.SearchStrategy[dict[st
     strategy of parameter dicts. Otherwise they are derived from its ``__init__``
     signature (the parameter list asyncsim checks scenarios against): a ``float`` in
     [1e-3, max_mean], an ``int`` in 0..10, a ``bool``; a parameter with a default is
-    sometimes left out. Either way only specs :func:`asyncsim.delays.make_delay` accepts
+    sometimes left out. Either way only specs :func:`asyncsim.timing.delays.make_delay` accepts
     and whose model's ``mean`` (when it knows one) is at most ``max_mean`` are drawn; a
     required parameter of another type (a file path) needs ``spec_strategy``.
     """

@@ -137,11 +137,6 @@ def check_supported(scn: Scenario) -> None:
 
 
 # ----------------------------------------------------------------------------- driver side
-def default_threads() -> int:
-    """XLA's intra-op threads in a plain process here (what ``asyncsim replay`` will use)."""
-    return thread_counts()["xla"]
-
-
 def numerics_env(threads: int | None = None) -> dict[str, str]:
     """The environment that gives a Ray worker this process's numerics.
 

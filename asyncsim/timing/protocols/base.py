@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _adapt(obj: object, name: str) -> type[Protocol]:
     if not (isinstance(obj, type) and issubclass(obj, Protocol)):
-        raise TypeError(f"a protocol must be a subclass of asyncsim.protocols.Protocol, "
+        raise TypeError(f"a protocol must be a subclass of asyncsim.Protocol, "
                         f"got {obj!r}")
     obj.name = name
     return obj
@@ -125,9 +125,10 @@ class Protocol:
     def on_arrival(self, sim: Simulation, grad: tuple) -> None:
         """A gradient reached the PS; call ``sim.apply_update([...])`` when an update is due.
 
-        Called from the learner's SimPy process (``sim.env.active_process`` is that
-        learner's); an exception raised here fails that process, and SimPy re-raises it
-        out of ``sim.run`` (a copy of it, with the original as its ``__cause__``)."""
+        In a simulation it is called from the learner's SimPy process
+        (``sim.env.active_process`` is that learner's); an exception raised here fails that
+        process, and SimPy re-raises it out of ``sim.run`` (a copy of it, with the original
+        as its ``__cause__``). In a real run the PS actor calls it as gradients arrive."""
         raise NotImplementedError
 
     def on_lost(self, sim: Simulation, learner: int) -> bool:
