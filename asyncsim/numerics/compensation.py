@@ -94,7 +94,9 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
     """``(kind, parameters with defaults)`` of a ``compensation`` table, checked; a
     one-line ScenarioError under ``key`` otherwise."""
     table(key, spec, '{ kind = "dc-asgd", ... }')
-    kind = spec.get("kind")
+    if "kind" not in spec:
+        raise ScenarioError(f"{key}.kind", f"missing; allowed: {', '.join(KINDS)}")
+    kind = spec["kind"]
     choice(f"{key}.kind", kind, tuple(KINDS), what="compensation")
     allowed = KINDS[kind]
     out = {k: d for k, (d, _) in allowed.items()}

@@ -470,6 +470,8 @@ BAD = [
      "optimizer.momentum.kind", "none"),
     ({"compensation": {"kind": "dcasgd"}}, "optimizer.compensation.kind",
      "did you mean 'dc-asgd'"),
+    ({"compensation": {"lambda": 0.1}}, "optimizer.compensation.kind",
+     "missing; allowed: dc-asgd, dc-asgd-a, gap-aware"),
     ({"compensation": {"kind": "dc-asgd", "lamda": 0.1}}, "optimizer.compensation.lamda",
      "did you mean 'lambda'"),
     ({"compensation": {"kind": "dc-asgd", "lambda": -1.0}}, "optimizer.compensation.lambda",
