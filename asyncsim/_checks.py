@@ -129,6 +129,14 @@ def table(name: str, v: Any, detail: str = "") -> Mapping[str, Any]:
     return v
 
 
+def required(name: str, spec: Mapping[str, Any], key: str, allowed: Sequence[str]) -> Any:
+    """``spec[key]``, the entry that says which kind a table is (``dist``, ``kind``); a table
+    without it is refused under ``name``, listing the allowed values."""
+    if key not in spec:
+        raise ScenarioError(name, f"missing; allowed: {', '.join(allowed)}")
+    return spec[key]
+
+
 def shape(name: str, v: Any) -> tuple[int, ...]:
     """A list of positive integers (a single integer is a list of one)."""
     if isinstance(v, Integral) and not isinstance(v, bool):

@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from asyncsim._checks import choice, nonneg, positive, table, unit_interval
+from asyncsim._checks import choice, nonneg, positive, required, table, unit_interval
 from asyncsim._registry import coerce
 from asyncsim.errors import ScenarioError, did_you_mean
 from asyncsim.numerics.chain import Piece, no_state, zero_padding
@@ -94,9 +94,7 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
     """``(kind, parameters with defaults)`` of a ``compensation`` table, checked; a
     one-line ScenarioError under ``key`` otherwise."""
     table(key, spec, '{ kind = "dc-asgd", ... }')
-    if "kind" not in spec:
-        raise ScenarioError(f"{key}.kind", f"missing; allowed: {', '.join(KINDS)}")
-    kind = spec["kind"]
+    kind = required(f"{key}.kind", spec, "kind", tuple(KINDS))
     choice(f"{key}.kind", kind, tuple(KINDS), what="compensation")
     allowed = KINDS[kind]
     out = {k: d for k, (d, _) in allowed.items()}

@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from asyncsim._checks import table
+from asyncsim._checks import required, table
 from asyncsim._registry import (
     PluginRegistry,
     alternatives,
@@ -215,9 +215,7 @@ def make_delay(
         return spec
     table(key, spec, 'such as {dist = "lognormal", mean = 1.0, cv = 0.1}')
     dist_key = _join(key, "dist")
-    if "dist" not in spec:
-        raise ScenarioError(dist_key, f"missing; allowed: {', '.join(available_delays())}")
-    name = spec["dist"]
+    name = required(dist_key, spec, "dist", available_delays())
     if not isinstance(name, str):
         raise ScenarioError(
             dist_key, f"must be a string; allowed: {', '.join(available_delays())}, got {name!r}"
