@@ -18,6 +18,12 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING
 
+from asyncsim import machine as _machine
+
+# Before anything imports JAX: XLA's and BLAS's thread counts, so that a run's bits do not
+# depend on the core count (asyncsim.machine).
+_machine.fix_threads()
+
 # The public names and the modules that define them. They are imported on first use
 # (PEP 562), so that `asyncsim --help`, argument errors and other commands that never touch
 # JAX do not pay for importing it (about 1.5 s of the CLI's start-up, measured).
@@ -84,7 +90,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "CoreState",

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, npz_member, read_json
+from asyncsim._io import npz_member
 from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers import online
@@ -35,6 +35,7 @@ from asyncsim.drivers.plugins import registries as _registries
 from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run
 from asyncsim.errors import ScenarioError
+from asyncsim.machine import fact_changes
 from asyncsim.scenario import load_run_scenario, parse_override
 from asyncsim.stability.measure import monitor_for
 from asyncsim.trace import Trace
@@ -180,8 +181,9 @@ def compare_with_source(run_dir: str | Path, result: RunResult) -> dict[str, Any
     ``params.npz`` of the same structure, e.g. after ``--set model.*``, or when either side
     diverged: a diverged run stops at its own update, so no distance between the two means
     anything), and ``environment_changes``: what the last bits depend on that differs
-    between the source run's machine and this one (:func:`asyncsim.runs.numerics_environment`,
-    the JAX version, the backend), e.g. ``["cpu_affinity: 1 -> 2"]``.
+    between the source run's machine and this one (:func:`asyncsim.runs.bit_facts`: the
+    CPU, XLA's threads and flags, BLAS, the JAX, jaxlib and numpy versions, the backend,
+    plug-in packages), e.g. ``["xla_threads: 1 -> 2"]``.
     """
     return _compare(run_dir, result.summary, result.params)
 
@@ -206,19 +208,10 @@ def _compare(run_dir: str | Path, summary: Mapping[str, Any], params,
 
 def _environment_changes(run_dir: Path, source: Mapping[str, Any],
                          summary: Mapping[str, Any]) -> list[str]:
-    """``"key: source's -> this machine's"`` for what a run's last bits depend on."""
-    try:
-        prov = read_json(run_dir / "provenance.json")
-    except DamagedFile:
-        prov = {}
-    here = {**runs.numerics_environment(), "backend": summary.get("backend")}
-    versions = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
-    then = {**{k: prov.get(k) for k in runs.numerics_environment()},
-            "backend": source.get("backend")}
-    for pkg in ("jax", "jaxlib"):
-        here[pkg], then[pkg] = runs.package_version(pkg), versions.get(pkg)
-    return [f"{k}: {then[k]!r} -> {here[k]!r}" for k in here
-            if then.get(k) is not None and then[k] != here[k]]
+    """``"key: source's -> this machine's"`` for what a run's last bits depend on
+    (:func:`asyncsim.runs.bit_facts`)."""
+    prov = runs.read_provenance(run_dir)
+    return fact_changes(runs.bit_facts(prov, source), runs.bit_facts_here(prov, summary))
 
 
 def _max_abs_diff(run_dir: Path, params) -> float | None:

@@ -13,6 +13,7 @@ from asyncsim import runs
 from asyncsim._io import save_figure
 from asyncsim.config import to_dict
 from asyncsim.drivers.build import message_bytes
+from asyncsim.machine import fact_changes
 from asyncsim.scenario import load_run_scenario, load_scenario
 from asyncsim.trace import Trace, away_intervals, read_restarts
 
@@ -38,6 +39,12 @@ MIN_TRANSFERS = 30  # a PS interface: transfers timed
 MIN_T = 5.0  # a PS interface: its slope (seconds per transfer in progress) / standard error
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``a · b`` as numpy's fixed-order sum of correctly rounded products (BLAS's dot picks
+    its kernel per CPU), so a calibrated scenario has the same bits on every machine."""
+    return float(np.sum(a * b))
+
+
 def shared_link_fit(t0: np.ndarray, t1: np.ndarray) -> dict[str, float]:
     """How a direction's transfer times grow with the transfers in progress: the least-squares
     line ``t1 - t0 = latency + per_transfer * n`` over the transfers ``[t0, t1]``, where n is
@@ -61,14 +68,14 @@ def shared_link_fit(t0: np.ndarray, t1: np.ndarray) -> dict[str, float]:
     dur = t1 - t0
     n = (busy(t1) - busy(t0)) / dur
     x = n - n.mean()
-    sxx = float(x @ x)
+    sxx = _dot(x, x)
     if sxx <= 0.0:
         return {"latency": float(dur.mean()), "per_transfer": float("nan"), "se": float("inf"),
                 "spread": 0.0, "transfers": int(t0.size)}
-    slope = float(x @ (dur - dur.mean()) / sxx)
+    slope = _dot(x, dur - dur.mean()) / sxx
     latency = float(dur.mean() - slope * n.mean())
     resid = dur - latency - slope * n
-    se = float(np.sqrt(resid @ resid / max(dur.size - 2, 1) / sxx))
+    se = float(np.sqrt(_dot(resid, resid) / max(dur.size - 2, 1) / sxx))
     return {"latency": latency, "per_transfer": slope, "se": se, "spread": float(n.std()),
             "transfers": int(t0.size)}
 
@@ -231,12 +238,27 @@ def staleness_distribution(trace, *, skip: int = 0) -> np.ndarray:
     return trace.staleness_histogram(skip=skip)["freq"].to_numpy()
 
 
+def _parameters(a: Path, b: Path) -> dict[str, Any]:
+    """``param_hash_a``, ``param_hash_b`` (None for a run without parameters: a timing-only
+    trace, an unfinished run) and, when both are there and differ, ``environment_changes``:
+    what the last bits depend on that differs between A's machine and B's
+    (:func:`asyncsim.runs.bit_facts`)."""
+    summaries = [runs.read_summary(f) if runs.is_complete(f) else {} for f in (a, b)]
+    out = {f"param_hash_{t}": s.get("param_hash") for t, s in zip("ab", summaries, strict=True)}
+    if None not in out.values() and out["param_hash_a"] != out["param_hash_b"]:
+        facts = [runs.bit_facts(runs.read_provenance(f), s)
+                 for f, s in zip((a, b), summaries, strict=True)]
+        out["environment_changes"] = fact_changes(*facts)
+    return out
+
+
 def compare(run_a: str | Path, run_b: str | Path, *, figure: str | Path | None = None,
             skip: int = 0) -> dict[str, Any]:
-    """Two runs' staleness distributions side by side.
+    """Two runs' staleness distributions side by side, and whether their parameters agree.
 
     Returns ``tv_distance`` (½ Σ|p_a − p_b|, in [0, 1]), per run mean, p99, max and count,
-    and ``table`` (staleness, freq_a, freq_b). With ``figure`` draws both as bars (Agg).
+    ``table`` (staleness, freq_a, freq_b) and :func:`_parameters`' fields. With ``figure``
+    draws both as bars (Agg).
     """
     ta = Trace.load(runs.require_run_folder(run_a, scenario=False))
     tb = Trace.load(runs.require_run_folder(run_b, scenario=False))
@@ -253,6 +275,7 @@ def compare(run_a: str | Path, run_b: str | Path, *, figure: str | Path | None =
         res[f"gradients_{tag}"] = t.num_gradients
     res["table"] = [{"staleness": i, "freq_a": float(pa[i]), "freq_b": float(pb[i])}
                     for i in range(n)]
+    res.update(_parameters(Path(run_a), Path(run_b)))
     if figure is not None:
         import matplotlib
 

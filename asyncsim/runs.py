@@ -42,6 +42,7 @@ from asyncsim import _io
 from asyncsim._io import dump_toml
 from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
+from asyncsim.machine import BIT_FACTS, machine_facts
 from asyncsim.trace import FILES as TRACE_FILES
 
 SUMMARY = "summary.json"
@@ -463,28 +464,34 @@ def git_revision() -> dict[str, Any]:
         return {"git_revision": None}
 
 
-def numerics_environment() -> dict[str, Any]:
-    """What a run's last bits depend on besides the scenario and the package versions.
-
-    On CPU: XLA sizes its intra-op thread pool from ``PJRT_NPROC`` (else ``NPROC``, else the
-    CPUs the process may run on: its affinity, ``taskset``), and numpy's OpenBLAS, which
-    draws the synthetic data, from ``OPENBLAS_NUM_THREADS`` (else ``GOTO_NUM_THREADS``, else
-    ``OMP_NUM_THREADS``, capped at the affinity); a reduction split over another number of
-    threads rounds differently (docs/real.md). ``XLA_FLAGS`` can change the compiled
-    programs. A replay names the ones that differ from its source's.
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count()
-    env = {k.lower(): os.environ.get(k, "") for k in _THREAD_VARIABLES}
-    return {"cpu_affinity": cpus, "xla_flags": os.environ.get("XLA_FLAGS", ""), **env,
-            "jax_platforms": os.environ.get("JAX_PLATFORMS", "")}
+# The packages whose versions provenance.json records; jax, jaxlib and numpy can change bits.
+_VERSIONED = ("asyncsim", "jax", "jaxlib", "numpy", "simpy", "optax", "pandas", "ray")
+_BIT_VERSIONS = ("jax", "jaxlib", "numpy")
 
 
-# The environment variables that set XLA's and OpenBLAS's thread counts (see above).
-_THREAD_VARIABLES = ("PJRT_NPROC", "NPROC", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-                     "OMP_NUM_THREADS")
+def bit_facts(prov: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's bits depend on besides its scenario, from its ``provenance.json`` and
+    ``summary.json`` (:data:`asyncsim.machine.BIT_FACTS`, the backend, the JAX, jaxlib and
+    numpy versions, each plug-in package's version); None where a record lacks one."""
+    versions = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
+    facts = {k: prov.get(k) for k in BIT_FACTS}
+    facts["backend"] = summary.get("backend")
+    facts.update({pkg: versions.get(pkg) for pkg in _BIT_VERSIONS})
+    for p in prov.get("plugins") or []:
+        if isinstance(p, Mapping) and isinstance(p.get("package"), str):
+            facts[f"plug-in package {p['package']}"] = p.get("version")
+    return facts
+
+
+def bit_facts_here(source_prov: Mapping[str, Any], summary: Mapping[str, Any]
+                   ) -> dict[str, Any]:
+    """:func:`bit_facts` of this process, for the plug-in packages ``source_prov`` names."""
+    plugins = [{"package": p["package"], "version": package_version(p["package"])}
+               for p in source_prov.get("plugins") or []
+               if isinstance(p, Mapping) and isinstance(p.get("package"), str)]
+    here = {**machine_facts(), "plugins": plugins,
+            "versions": {pkg: package_version(pkg) for pkg in _BIT_VERSIONS}}
+    return bit_facts(here, summary)
 
 
 def package_version(pkg: str) -> str | None:
@@ -495,8 +502,7 @@ def package_version(pkg: str) -> str | None:
 
 
 def provenance(scn: Scenario, **extra: Any) -> dict[str, Any]:
-    versions = {pkg: package_version(pkg) for pkg in
-                ("asyncsim", "jax", "jaxlib", "numpy", "simpy", "optax", "pandas", "ray")}
+    versions = {pkg: package_version(pkg) for pkg in _VERSIONED}
     return {
         "seed": scn.seed,
         "scenario_file": scn.source,
@@ -505,7 +511,7 @@ def provenance(scn: Scenario, **extra: Any) -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "command": sys.argv,
-        **numerics_environment(),
+        **machine_facts(),
         **git_revision(),
         **extra,
     }
@@ -513,6 +519,16 @@ def provenance(scn: Scenario, **extra: Any) -> dict[str, Any]:
 
 def write_provenance(folder: Path, scn: Scenario, **extra: Any) -> None:
     atomic_write_json(folder / "provenance.json", provenance(scn, **extra))
+
+
+def read_provenance(folder: str | os.PathLike) -> dict[str, Any]:
+    """A folder's ``provenance.json``; ``{}`` when it is missing or damaged (its readers
+    only report from it: what differs between two runs' machines)."""
+    try:
+        prov = _io.read_json(Path(folder) / "provenance.json", what="provenance.json")
+    except _io.DamagedFile:
+        return {}
+    return prov if isinstance(prov, dict) else {}
 
 
 def add_provenance(folder: Path, **fields: Any) -> None:

@@ -6,6 +6,9 @@ import resource
 import time
 from collections.abc import Callable
 
+import asyncsim  # noqa: F401  (first: it fixes XLA's thread count)
+
+# isort: split
 import jax
 import jax.numpy as jnp
 import optax

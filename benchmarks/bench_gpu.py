@@ -38,6 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import asyncsim  # noqa: E402, F401  (first: it fixes XLA's thread count)
+
+# isort: split
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -21,6 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import asyncsim  # noqa: E402, F401  (first: it fixes XLA's thread count)
+
+# isort: split
 from _util import best, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
 from asyncsim.api import run  # noqa: E402

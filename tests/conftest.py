@@ -10,8 +10,12 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# Before any test module imports JAX: asyncsim fixes XLA's and BLAS's thread counts as a
+# user's program gets them (asyncsim.machine).
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+import asyncsim  # noqa: E402, F401
 
 settings.register_profile("dev", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -237,15 +237,15 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     if set_by_user:
         return line + " (--set changed the numerics)"
     if summary.get("environment_changes"):
-        # What the last bits depend on differs (docs/real.md: the thread counts).
+        # What the last bits depend on differs (docs/reproducibility.md).
         return line + (" (this machine differs from the source run's in what the last bits "
                        f"depend on: {'; '.join(summary['environment_changes'])})")
     if summary.get("replay_path") in ("scan", "batched"):
         return line + (f" (the {summary['replay_path']} path agrees with the loop to "
                        "floating-point tolerance, not bit for bit; --path loop reproduces "
                        "the hash)")
-    return line + (" (the loop path is bit-identical only on the machine and package versions "
-                   "that recorded the run: see its provenance.json)")
+    return line + (" (the machines agree in everything recorded that the last bits depend "
+                   "on: see docs/reproducibility.md for what is bit-identical where)")
 
 
 def cmd_figures(args) -> int:

@@ -66,6 +66,20 @@ def cmd_compare(args) -> int:
     print(f"{'tau':>5}{'freq A':>10}{'freq B':>10}")
     for row in res["table"]:
         print(f"{row['staleness']:>5}{row['freq_a']:>10.4f}{row['freq_b']:>10.4f}")
+    if None not in (res["param_hash_a"], res["param_hash_b"]):
+        print(_parameters_line(res))
     if "figure" in res:
         print(f"figure: {res['figure']}")
     return 0
+
+
+def _parameters_line(res) -> str:
+    """One line on whether A's and B's final parameters agree, and if not, what of their
+    machines differs (docs/reproducibility.md)."""
+    if res["param_hash_a"] == res["param_hash_b"]:
+        return "param_hash: the same in A and B (bit-identical parameters)"
+    changes = res["environment_changes"]
+    return "param_hash: A's differs from B's" + (
+        f"; the machines differ in what the last bits depend on: {'; '.join(changes)}"
+        if changes else "; their machines agree in everything recorded that the last bits "
+        "depend on (compare their scenario.toml files)")

@@ -31,6 +31,7 @@ from asyncsim import runs
 from asyncsim._io import DamagedFile, atomic, dump_toml, regular_file
 from asyncsim._registry import option_defaults, path_options
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
+from asyncsim.drivers.plugins import plugins_used
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.data import dataset_factory
 from asyncsim.numerics.models import model_factory
@@ -102,7 +103,7 @@ def start_folder(folder: Path | None, scn: Scenario, **provenance: Any) -> dict[
     if folder is None:
         return folder_scenario(scn)[0]
     d, inputs = write_scenario(folder, scn)
-    runs.write_provenance(folder, scn, inputs=inputs, **provenance)
+    runs.write_provenance(folder, scn, inputs=inputs, plugins=plugins_used(scn), **provenance)
     return d
 
 

@@ -8,11 +8,12 @@ actor before it builds the scenario's numerics.
 
 from __future__ import annotations
 
+import importlib.metadata
 import pickle
 import sys
 from typing import Any
 
-from asyncsim._registry import PluginRegistry, by_group
+from asyncsim._registry import PluginRegistry, by_group, origin
 from asyncsim.config import Scenario, to_dict
 from asyncsim.numerics import core, data, models  # noqa: F401  (their registries)
 from asyncsim.numerics.lr_rules import rule_spec
@@ -42,6 +43,40 @@ def _names_used(scn: Scenario) -> list[tuple[str, str]]:
 
     walk(to_dict(scn.cluster))
     return used
+
+
+def plugins_used(scn: Scenario) -> list[dict[str, Any]]:
+    """Every plug-in ``scn`` uses, as ``provenance.json`` records it: ``{"group", "name",
+    "object"`` (``module.qualname``), ``"package", "version"}`` (the installed distribution
+    that provides it: the entry point's, else the one that holds the object's top-level
+    module; both None for a script's or notebook's own code). Built-ins are not listed."""
+    groups = registries()
+    out: list[dict[str, Any]] = []
+    for group, name in dict.fromkeys(_names_used(scn)):
+        registry = groups[group]
+        obj = registry.direct.get(name)  # registered in Python wins over an entry point
+        ep = registry.entry_points().get(name) if obj is None else None
+        obj = obj if obj is not None else registry.get(name)
+        module = getattr(getattr(obj, "_wrapped", obj), "__module__", None) or ""
+        if module == "asyncsim" or module.startswith("asyncsim."):
+            continue
+        dist = ep.dist if ep is not None else None
+        if dist is None:
+            dist = _distribution(module.split(".")[0])
+        out.append({"group": group, "name": name, "object": origin(obj),
+                    "package": dist.name if dist is not None else None,
+                    "version": dist.version if dist is not None else None})
+    return out
+
+
+def _distribution(top_module: str) -> importlib.metadata.Distribution | None:
+    """The installed distribution that holds the top-level module ``top_module`` (None for
+    a script, a notebook, a test file)."""
+    names = importlib.metadata.packages_distributions().get(top_module, [])
+    try:
+        return importlib.metadata.distribution(names[0]) if names else None
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def python_registrations(scenarios: Scenario | list[Scenario]) -> list[tuple[str, str, Any]]:

@@ -38,7 +38,7 @@ from asyncsim.drivers.real import (  # noqa: E402
     watchdog,
 )
 from asyncsim.drivers.real.run import numerics_env  # noqa: E402
-from asyncsim.drivers.real.threads import thread_counts  # noqa: E402
+from asyncsim.machine import thread_counts  # noqa: E402
 from asyncsim.numerics import core  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402

@@ -8,7 +8,6 @@ input, two writers, a moved folder), replayed against the real CLI and drivers.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -482,29 +481,6 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path):
     assert (out / "scenario.toml").exists()
     assert _cli("run", "--resume", str(out), "--quiet", "--no-figure").returncode == 0
     assert (out / "summary.json").exists()
-
-
-def test_provenance_records_what_the_last_bits_depend_on(tmp_path):
-    """provenance.json records the CPUs the process may use (XLA sizes its thread pool from
-    them) and XLA_FLAGS; a replay under another affinity says so in its comparison line."""
-    path = _write(tmp_path / "s.toml", TINY)
-    src = tmp_path / "src"
-    assert _cli("run", str(path), "--out", str(src), "--quiet", "--no-figure").returncode == 0
-    prov = json.loads((src / "provenance.json").read_text())
-    assert prov["cpu_affinity"] == len(os.sched_getaffinity(0))
-    assert prov["xla_flags"] == os.environ.get("XLA_FLAGS", "")
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs to replay under another affinity")
-    one = min(os.sched_getaffinity(0))
-    pinned = (f"import os, sys; os.sched_setaffinity(0, {{{one}}}); "
-              "from asyncsim.cli import main; sys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", pinned, "replay", str(src), "--out",
-                        str(tmp_path / "rep")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    s = _summary(tmp_path / "rep")
-    assert s["environment_changes"] == [f"cpu_affinity: {prov['cpu_affinity']!r} -> 1"]
-    if not s["matches_source"]:
-        assert f"cpu_affinity: {prov['cpu_affinity']!r} -> 1" in r.stdout.splitlines()[-1]
 
 
 def test_force_never_pulls_a_folder_from_under_its_writer(tmp_path, capsys):

@@ -7,6 +7,7 @@ tmp_path and serve it from a loopback HTTP server.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import io
@@ -175,6 +176,57 @@ def test_gaussian():
     assert not d.y_train.any() and d.y_train.dtype == np.int32
     e = get_dataset("gaussian", seed=1, dim=7, n_train=100, n_test=10)
     np.testing.assert_array_equal(d.x_train, e.x_train)
+
+
+# The data sets' hashes (Dataset.hash) on every machine: they are made without BLAS and
+# without libm's or numpy's SIMD transcendental functions (correctly rounded operations in a
+# fixed order), so no CPU model, BLAS kernel or thread count changes them. A change to the
+# generators changes these, and every committed number measured on them (CHANGELOG).
+GOLDEN_DATA = [
+    ("synthetic-cifar", dict(seed=0, n_train=300, n_test=100),
+     "f87ebf7770d3eca8f1ed4fb7b7afe5bfbc8a392ff356bf0f0a4ebba642a329da"),
+    ("synthetic-cifar", dict(seed=7, n_train=64, n_test=16, difficulty=0.5, prototypes=2,
+                             max_shift=2, label_noise=0.2),
+     "2b89e4d3a0898687279bf8305695de8f6520467f25635f235aa306882629780b"),
+    ("gaussian", dict(seed=1, dim=7, n_train=100, n_test=10),
+     "968324c3d3b6c6a219df150d1468fb3cdc243bf08cd78031fd3b1749381d7079"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "digest"), GOLDEN_DATA)
+def test_generated_data_sets_have_their_golden_hash(name, options, digest):
+    assert get_dataset(name, **options).hash() == digest
+
+
+def test_data_hash_sees_every_array_and_the_name(small):
+    """Dataset.hash changes with one flipped bit of any array, a label, or the name."""
+    base = small.hash()
+    assert base == get_dataset("synthetic-cifar", seed=3, n_train=2000, n_test=500).hash()
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        arr = getattr(small, field).copy()
+        arr.view(np.uint8).reshape(-1)[-1] ^= 1
+        assert dataclasses.replace(small, **{field: arr}).hash() != base, field
+    assert dataclasses.replace(small, name="other").hash() != base
+
+
+def test_fixed_order_product_and_turns_are_what_they_stand_for():
+    """The machine-independent pieces of the generator: the fixed-order product equals a
+    float64 matrix product to rounding, in every block split; the turn table equals
+    cos/sin of 2*pi*m/size to 1e-15."""
+    from asyncsim.numerics.data.synthetic import _fixed_order_matmul, _turns
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((300, 7)), rng.standard_normal((7, 5))
+    want = a @ b
+    for block in (1, 64, 256, 1000):
+        got = _fixed_order_matmul(a, b, block=block)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+        np.testing.assert_array_equal(got, _fixed_order_matmul(a, b))  # blocks: same bits
+    for size in (32, 40):
+        cos, sin = _turns(size)
+        x = 2 * np.pi * np.arange(size) / size
+        np.testing.assert_allclose(cos, np.cos(x), rtol=0, atol=1e-15)
+        np.testing.assert_allclose(sin, np.sin(x), rtol=0, atol=1e-15)
 
 
 # --------------------------------------------------------------------------------------------

@@ -197,8 +197,8 @@ def test_torch_style_runs_through_every_executor(tmp_path):
     for p in ("p000", "p001"):
         exact = np.load(tmp_path / "exact" / p / "params.npz")
         vm = np.load(tmp_path / "vmapped" / p / "params.npz")
-        for k in exact.files:
-            np.testing.assert_allclose(vm[k], exact[k], rtol=1e-5, atol=1e-7)
+        for k in exact.files:  # float32 rounding over 40 updates of weights up to ~0.3
+            np.testing.assert_allclose(vm[k], exact[k], rtol=1e-5, atol=1e-6)
     assert read_summary(tmp_path / "exact" / "p001")["param_hash"] == online.summary[
         "param_hash"]
     # The checkpoint keeps which buffers have started (learners 0..2 here, all of them).

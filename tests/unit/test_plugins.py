@@ -82,6 +82,20 @@ def test_a_scenario_of_plugins_runs_from_the_cli_and_replays(installed_plugin, t
     assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["updates"] == 40 and not summary["diverged"]
+    # provenance.json names every plug-in the run used, with its package and version.
+    prov = json.loads((out / "provenance.json").read_text())
+    pkg = {"package": "asyncsim-plugin-example", "version": "0.1.0"}
+    assert prov["plugins"] == [
+        {"group": "asyncsim.protocols", "name": "pairs-test",
+         "object": "asyncsim_plugin_example.Pairs", **pkg},
+        {"group": "asyncsim.lr_rules", "name": "sqrt-staleness-test",
+         "object": "asyncsim_plugin_example.sqrt_staleness", **pkg},
+        {"group": "asyncsim.models", "name": "affine-test",
+         "object": "asyncsim_plugin_example.affine", **pkg},
+        {"group": "asyncsim.datasets", "name": "ramp-test",
+         "object": "asyncsim_plugin_example.ramp", **pkg},
+        {"group": "asyncsim.delays", "name": "weibull-test",
+         "object": "asyncsim_plugin_example.Weibull", **pkg}]
     # The plug-in protocol's shape: every update takes two gradients.
     trace = simulate(load_scenario(path))
     assert np.all(trace.updates["n_grads"] == 2)
@@ -153,7 +167,11 @@ def test_python_registrations_are_what_another_process_needs(fresh_registries):
     """What a Ray actor must be sent: the names a scenario uses that were registered in
     Python outside asyncsim (nested delay specs included; a duck-typed delay model as the
     user's own class), never built-ins or entry points; installing them registers them."""
-    from asyncsim.drivers.plugins import install_registrations, python_registrations
+    from asyncsim.drivers.plugins import (
+        install_registrations,
+        plugins_used,
+        python_registrations,
+    )
 
     class Ticks:  # duck-typed: asyncsim wraps it
         def sample(self, rng, learner, now):
@@ -174,6 +192,13 @@ def test_python_registrations_are_what_another_process_needs(fresh_registries):
                                                   ("asyncsim.lr_rules", "test-rule")]
     assert dict(((g, n), o) for g, n, o in regs)["asyncsim.delays", "test-ticks"] is Ticks
     assert python_registrations(load_scenario({})) == []  # built-ins only
+    # provenance.json lists them too: a test file's objects belong to no installed package.
+    used = plugins_used(scn)
+    assert [(p["group"], p["name"], p["package"], p["version"]) for p in used] == [
+        ("asyncsim.lr_rules", "test-rule", None, None),
+        ("asyncsim.delays", "test-ticks", None, None)]
+    assert used[1]["object"].endswith("Ticks")
+    assert plugins_used(load_scenario({})) == []
     for g, r in fresh_registries.items():  # as in a fresh process
         r.restore(saved[g])
     install_registrations(regs)

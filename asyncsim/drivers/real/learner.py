@@ -16,7 +16,7 @@ import numpy as np
 
 from asyncsim.drivers.build import numerics_for, simulation_for
 from asyncsim.drivers.plugins import install_plugins
-from asyncsim.drivers.real.threads import thread_counts
+from asyncsim.machine import thread_counts
 
 __all__ = ["LearnerImpl"]
 

@@ -22,9 +22,9 @@ from asyncsim.drivers.plugins import install_plugins, pack_plugins
 from asyncsim.drivers.real import watchdog
 from asyncsim.drivers.real.learner import LearnerImpl
 from asyncsim.drivers.real.ps import PSHost
-from asyncsim.drivers.real.threads import thread_counts
 from asyncsim.drivers.run_length import run_length
 from asyncsim.errors import ScenarioError
+from asyncsim.machine import thread_counts
 from asyncsim.numerics import compile_cache
 from asyncsim.numerics.data import train_size
 from asyncsim.timing.protocols import Protocol, get_protocol_class
@@ -141,11 +141,11 @@ def numerics_env(threads: int | None = None) -> dict[str, str]:
     """The environment that gives a Ray worker this process's numerics.
 
     A gradient's last bits depend on XLA's CPU thread pool, which XLA sizes from
-    ``PJRT_NPROC`` or else from the process's CPU affinity (not from ``OMP_NUM_THREADS``),
-    and the synthetic data sets on numpy's BLAS threads (``OPENBLAS_NUM_THREADS`` /
-    ``OMP_NUM_THREADS``, capped at the affinity); see :func:`.threads.thread_counts`. So a
-    worker gets both counts of this process explicitly (``threads``: both set to that
-    instead), whatever its own affinity and whatever Ray sets (``OMP_NUM_THREADS=1``), plus
+    ``PJRT_NPROC`` or else from the process's CPU affinity (not from ``OMP_NUM_THREADS``);
+    importing asyncsim fixes it, and numpy's BLAS threads, where the user has not
+    (:mod:`asyncsim.machine`). So a worker gets both counts of this process explicitly
+    (``threads``: both set to that instead), whatever its own affinity and whatever Ray sets
+    (``OMP_NUM_THREADS=1``), plus
     this process's ``JAX_*``/``XLA_*`` variables (``XLA_FLAGS`` can change the programs) and
     ``ASYNCSIM_CACHE_DIR`` (the persistent compilation cache, :mod:`asyncsim.numerics.
     compile_cache`, lets a restarted learner load its gradient function instead of

@@ -12,6 +12,8 @@ never touched) and refuse, before anything is made, a size that does not fit in 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from asyncsim._checks import integer, memory, nonneg
@@ -39,29 +41,66 @@ def _check_fits(sizes: dict[str, int], sample_bytes: int, **more: int) -> None:
            "needs", f" ({n:,} samples of {sample_bytes:,} bytes while it is made)")
 
 
+def _turns(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of 2*pi*m/size for m = 0..size-1, from a fixed Taylor series in Python
+    floats: IEEE-754 arithmetic, one rounding per operation, so the same bits on every
+    machine (numpy's sin/cos may run another libm or SIMD polynomial per CPU)."""
+    cos, sin = [], []
+    for m in range(size):
+        m = m - size if 2 * m > size else m  # |x| <= pi, where 40 terms reach 1e-30
+        x = 2.0 * math.pi * m / size
+        c, s, term = 0.0, 0.0, 1.0  # term = x**k / k!
+        for k in range(40):
+            if k % 2 == 0:
+                c += -term if k % 4 == 2 else term
+            else:
+                s += -term if k % 4 == 3 else term
+            term = term * x / (k + 1)
+        cos.append(c)
+        sin.append(s)
+    return np.array(cos), np.array(sin)
+
+
+def _fixed_order_matmul(a: np.ndarray, b: np.ndarray, block: int = 256) -> np.ndarray:
+    """``a @ b`` for ``a`` (m, k) and ``b`` (k, p), summed over k in index order with one
+    rounding per product and per sum (a numpy multiply, then an add: no BLAS, no fused
+    multiply-add), so its bits do not depend on the CPU model, the BLAS kernel or the thread
+    count. Blocks of ``block`` rows keep the running sum in cache (0.24 s for a (10,000, 32)
+    by (32, 3,072) float32 product here, against 0.04 s in BLAS)."""
+    out = np.zeros((a.shape[0], b.shape[1]), np.result_type(a, b))
+    for start in range(0, a.shape[0], block):
+        rows, weights = out[start:start + block], a[start:start + block]
+        for k in range(b.shape[0]):
+            rows += weights[:, k, None] * b[k]
+    return out
+
+
 def _smooth_fields(rng: np.random.Generator, count: int, size: int, freq: int) -> np.ndarray:
     """``count`` random smooth RGB images (size x size x 3) from low-frequency Fourier terms.
 
     Amplitudes fall off as 1/(1+|f|) so coarse structure dominates, like natural images.
-    Each field has zero mean and unit std.
+    Each field has zero mean and unit std. Only correctly rounded operations (+, -, *, /,
+    sqrt), numpy's fixed-order reductions and :func:`_turns`' table make it, so its bits are
+    the same on every machine.
     """
     f = np.arange(-freq, freq + 1)
     fy, fx = np.meshgrid(f, f, indexing="ij")
     fy, fx = fy.ravel(), fx.ravel()
     keep = (fy > 0) | ((fy == 0) & (fx > 0))  # one of each +-f pair; no DC term
     fy, fx = fy[keep], fx[keep]
-    amp = 1.0 / (1.0 + np.hypot(fy, fx))
-    coords = np.arange(size) / size
-    phase_y = 2 * np.pi * np.outer(fy, coords)  # (F, size)
-    phase_x = 2 * np.pi * np.outer(fx, coords)
-    basis_c = np.cos(phase_y[:, :, None] + phase_x[:, None, :]).reshape(len(fy), -1)
-    basis_s = np.sin(phase_y[:, :, None] + phase_x[:, None, :]).reshape(len(fy), -1)
-    basis = np.concatenate([basis_c, basis_s]) * np.concatenate([amp, amp])[:, None]
+    amp = 1.0 / (1.0 + np.sqrt((fy * fy + fx * fx).astype(np.float64)))
+    # The phase 2*pi*(fy*y + fx*x)/size in whole turns of the table: exact integers.
+    grid = np.arange(size)
+    turn = (fy[:, None, None] * grid[None, :, None] + fx[:, None, None] * grid[None, None, :])
+    turn = (turn % size).reshape(len(fy), -1)
+    cos, sin = _turns(size)
+    basis = np.concatenate([cos[turn] * amp[:, None], sin[turn] * amp[:, None]])
     coef = rng.standard_normal((count, 3, basis.shape[0]))
     # Correlate the colour channels a little, as in natural images.
     mix = np.array([[1.0, 0.5, 0.3], [0.5, 1.0, 0.5], [0.3, 0.5, 1.0]])
-    coef = np.einsum("ij,njf->nif", mix, coef)
-    img = (coef @ basis).reshape(count, 3, size, size).transpose(0, 2, 3, 1)
+    coef = _fixed_order_matmul(mix, coef.transpose(1, 0, 2).reshape(3, -1))
+    coef = coef.reshape(3, count, -1).transpose(1, 0, 2).reshape(count * 3, -1)
+    img = _fixed_order_matmul(coef, basis).reshape(count, 3, size, size).transpose(0, 2, 3, 1)
     img -= img.mean(axis=(1, 2, 3), keepdims=True)
     img /= img.std(axis=(1, 2, 3), keepdims=True)
     return img.astype(np.float32)
@@ -102,7 +141,8 @@ def _synthetic_split(
     # Structured clutter: a random mix of class-independent smooth fields.
     w = rng.standard_normal((n, distractors.shape[0])).astype(np.float32)
     w *= np.float32(clutter / np.sqrt(distractors.shape[0]))
-    x += (w @ distractors.reshape(distractors.shape[0], -1)).reshape(n, size, size, 3)
+    x += _fixed_order_matmul(w, distractors.reshape(distractors.shape[0], -1)).reshape(
+        n, size, size, 3)
     # Pixel noise: uniform with unit variance (drawing uniforms is ~3x faster than normals).
     noise = rng.random((n, size, size, 3), dtype=np.float32)
     noise -= np.float32(0.5)
@@ -137,15 +177,16 @@ def synthetic_cifar(
     ``label_noise`` re-draws that fraction of *training* labels uniformly (test labels stay
     clean, so test error measures generalisation). Train and test
     share the prototypes and are drawn from ``numpy.random.Generator(SeedSequence(seed))``
-    streams; the global RNG is never touched. 12k images take ~1.7 s on a busy 2-core CPU.
+    streams; the global RNG is never touched. Its bits are the same on every machine: the
+    arithmetic on the draws uses no BLAS and no transcendental function, only correctly
+    rounded operations in a fixed order (docs/reproducibility.md; golden hashes in
+    tests/unit/test_data.py). 12k images take 1.0-1.3 s on the 2-core machine while it runs
+    other work (BLAS's products would take 0.7-0.8 s, with bits that depend on the CPU).
 
-    Measured hardness at the defaults (seed 0, 10k train / 2k test): cifar10-full (He init)
-    trained with plain jitted SGD, lr 0.01, momentum 0.9, batch 64, per-epoch permutation
-    sampling, reaches test error 0.824 after half an epoch, then 0.753, 0.686, 0.595, 0.556, 0.522,
-    0.496, 0.439, 0.399, 0.386, 0.385 after epochs 1-10 (error on 2k train images 0.771 at
-    epoch 1, 0.333 at epoch 10; chance is 0.90). So the error falls over several epochs
-    rather than in one step and is well below 50% by epoch 7. A linear softmax (300 SGD
-    steps, lr 0.002, batch 64, 2k train images) clearly beats chance (< 0.6, see tests).
+    Measured hardness: the quickstart (P1's ``cifar10-full``, 8 learners under 4-softsync,
+    4,000 train / 1,000 test images, 6 epochs) takes the test error from
+    0.90 to 0.744 (lowest 0.725; figures/quickstart.csv); a linear softmax (300 SGD steps,
+    lr 0.002, batch 64, 2k train images) clearly beats chance (< 0.6, see tests).
     """
     n_train = integer("n_train", n_train)
     n_test = integer("n_test", n_test)
