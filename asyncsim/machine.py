@@ -149,7 +149,7 @@ def machine_facts() -> dict[str, Any]:
     return {**_cpu(), "cpu_affinity": cpu_affinity(), "xla_threads": counts["xla"],
             "xla_flags": os.environ.get("XLA_FLAGS", ""), **env,
             "jax_platforms": os.environ.get("JAX_PLATFORMS", ""), **_blas(),
-            **{k: v for k, v in _FOUND.items()}}
+            **_FOUND}
 
 
 def fact_changes(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
