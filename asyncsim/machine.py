@@ -38,6 +38,9 @@ __all__ = ["BIT_FACTS", "FIXED_THREADS", "cpu_affinity", "fact_changes", "fix_th
 
 #: What importing asyncsim sets when the environment does not set it already.
 FIXED_THREADS = {"PJRT_NPROC": "2", "OPENBLAS_NUM_THREADS": "1"}
+# The variables by which a user has already chosen each count (XLA also reads NPROC).
+_CHOSEN_BY = {"PJRT_NPROC": ("PJRT_NPROC", "NPROC"),
+              "OPENBLAS_NUM_THREADS": ("OPENBLAS_NUM_THREADS",)}
 
 # The environment variables that set XLA's and OpenBLAS's thread counts (thread_counts).
 _THREAD_VARIABLES = ("PJRT_NPROC", "NPROC", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
@@ -57,14 +60,17 @@ _FOUND: dict[str, Any] = {}
 
 
 def fix_threads() -> None:
-    """Set :data:`FIXED_THREADS` in ``os.environ`` where unset (once, at import); say once
-    when JAX was imported first, since its thread pool may be made already."""
+    """Set :data:`FIXED_THREADS` in ``os.environ`` where the user has not chosen the count
+    (``PJRT_NPROC`` or ``NPROC``; ``OPENBLAS_NUM_THREADS``), once, at import; say once when
+    JAX was imported first, since its thread pool may be made already."""
     if _FOUND:
         return
-    _FOUND["threads_set_by_asyncsim"] = sorted(k for k in FIXED_THREADS if k not in os.environ)
+    unset = sorted(k for k in FIXED_THREADS
+                   if not any(v in os.environ for v in _CHOSEN_BY[k]))
+    _FOUND["threads_set_by_asyncsim"] = unset
     _FOUND["jax_imported_first"] = "jax" in sys.modules
-    for key, value in FIXED_THREADS.items():
-        os.environ.setdefault(key, value)
+    for key in unset:
+        os.environ[key] = FIXED_THREADS[key]
     if _FOUND["jax_imported_first"] and "PJRT_NPROC" in _FOUND["threads_set_by_asyncsim"]:
         warnings.warn(
             "JAX was imported before asyncsim: if it has computed anything, XLA's thread pool "

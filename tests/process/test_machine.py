@@ -55,6 +55,9 @@ def test_importing_asyncsim_fixes_the_thread_counts_unless_the_user_did():
     assert "JAX was imported" not in r.stderr
     r = _python(_FACTS, PJRT_NPROC="3", OPENBLAS_NUM_THREADS="1")
     assert json.loads(r.stdout) == ["3", "1", 3, 1, [], False]
+    r = _python(_FACTS.replace("os.environ['PJRT_NPROC']", "os.environ.get('PJRT_NPROC')"),
+                NPROC="3")  # XLA's other variable is the user's choice too
+    assert json.loads(r.stdout) == [None, "1", 3, 1, ["OPENBLAS_NUM_THREADS"], False]
 
 
 def test_jax_imported_first_is_said_once_and_recorded():
