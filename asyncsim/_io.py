@@ -1,9 +1,13 @@
-"""A run folder's files: the one atomic writer and the one reader.
+"""A run folder's files: the one atomic writer, the one remover and the one reader.
 
 Every file asyncsim writes into a run folder (the trace's parquet tables, ``summary.json``,
 checkpoints, parameters, metrics) goes through :func:`atomic`: it is written under a
 temporary name in the same folder and renamed into place, which POSIX makes atomic. So a run
 killed at any moment leaves each file either absent, as it was, or complete.
+
+None of them follows a symbolic link out of a run folder (:func:`no_link`): a folder someone
+sent may carry links to anywhere, so a write, a new folder or the lock through a link inside
+a run folder is refused in one line, and :func:`remove` removes a link, never its target.
 
 Every such file is read back through :func:`read` (``read_json``, ``read_toml``,
 ``read_csv``, ``read_parquet``, ``read_npz``): a file that is missing, empty, truncated or
@@ -36,10 +40,113 @@ class WriteError(OSError):
         return str(self.strerror)
 
 
+class DamagedFile(ValueError):
+    """A run-folder file that cannot be read as what it should be: one line naming it."""
+
+
 # What a failed write reports: the storage's refusals, not a caller's other OSErrors (a
 # download's URLError passes through the same block).
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO,
                            errno.EACCES, errno.EPERM})
+
+
+# ----------------------------------------------------------------------------- links
+# Files only asyncsim writes: a folder holding one is a run folder (provenance.json comes with
+# its start, summary.json with its end, trace_meta.json with its trace) or a sweep folder
+# (index.csv). Not its lock: ".lock" is a common name, and a folder is marked as written by
+# this process while it holds the lock (:func:`writing`).
+RUN_MARKS = ("provenance.json", "summary.json", "trace_meta.json", "index.csv")
+
+# The run folders this process holds the lock of (asyncsim.runs.locked), as absolute paths
+# (links not resolved): a folder so new that it holds no mark yet is a run folder too.
+_WRITING: set[Path] = set()
+
+
+class LinkInFolder(DamagedFile):
+    """A symbolic link inside a run folder where asyncsim would write or remove: refused in
+    one line naming the link, since a folder someone sent may carry a link to anywhere."""
+
+
+@contextlib.contextmanager
+def writing(folder: str | os.PathLike) -> Iterator[None]:
+    """Mark ``folder`` as a run folder this process writes, for the block (the lock's
+    holder, asyncsim.runs.locked), so :func:`no_link` guards it before it has a mark."""
+    key = Path(os.path.abspath(folder))
+    added = key not in _WRITING
+    _WRITING.add(key)
+    try:
+        yield
+    finally:
+        if added:
+            _WRITING.discard(key)
+
+
+def run_root(path: str | os.PathLike) -> Path | None:
+    """The outermost run or sweep folder ``path`` lies in, read lexically (no link is
+    followed; the folder itself may be reached through links, the user's own): an ancestor
+    that holds one of :data:`RUN_MARKS` or that this process is writing. None outside any."""
+    root = None
+    for d in Path(os.path.abspath(path)).parents:
+        if d in _WRITING or any(os.path.lexists(d / m) for m in RUN_MARKS):
+            root = d
+    return root
+
+
+def no_link(path: str | os.PathLike) -> Path:
+    """``path``, once it is certain that writing, creating or removing it follows no link out
+    of the run folder it lies in (:func:`run_root`): neither ``path`` nor any folder between
+    that run folder and it is a symbolic link. Otherwise a one-line :class:`LinkInFolder`
+    naming the link. Outside any run folder nothing is checked: links there are the
+    user's own. The one check of every writer here (:func:`atomic`, :func:`make_folder`) and
+    of the lock (asyncsim.runs.locked)."""
+    path = Path(path)
+    root = run_root(path)
+    if root is None:
+        return path
+    absolute = Path(os.path.abspath(path))
+    for p in (*reversed(absolute.parents), absolute):
+        if len(p.parts) > len(root.parts) and p.is_symlink():
+            raise link_refused(p, root)
+    return path
+
+
+def no_links_inside(folder: str | os.PathLike) -> None:
+    """Refuse, in one line naming the first, a run folder that holds a symbolic link
+    anywhere inside it: a run resumed there would write through it (the links are not
+    followed while looking)."""
+    folder = Path(folder)
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            raise link_refused(p, folder)
+
+
+def link_refused(link: Path, root: Path) -> LinkInFolder:
+    """The one-line refusal of ``link``, a symbolic link inside the run folder ``root``."""
+    return LinkInFolder(f"{link}: a symbolic link inside the run folder {root}, where asyncsim "
+                        "writes; it follows no link out of a run folder: remove the link")
+
+
+def make_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` and its missing parents, created (no error if they exist) once
+    :func:`no_link` allows it: a missing folder below a link would be created wherever the
+    link points."""
+    folder = no_link(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def remove(path: str | os.PathLike) -> None:
+    """Remove ``path``: a file, or a folder with everything in it. A symbolic link is removed
+    itself, never what it points to (a run folder's ``inputs`` linked to someone's folder
+    loses the link, not their files). The one remover of run folders (``--force``, a run
+    stopped by bad input)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        for p in path.iterdir():
+            remove(p)
+        path.rmdir()
+    else:
+        path.unlink()
 
 
 @contextlib.contextmanager
@@ -48,9 +155,13 @@ def atomic(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]:
     without an exception (``fsync``: flushed to disk first, for checkpoints); on an exception
     the temporary file is removed and ``p`` is untouched. A write the storage refuses (full
     disk, ...) raises :class:`WriteError`, so a megabyte checkpoint cut short never stays on
-    a full disk and the user reads one line, not a traceback."""
-    path = Path(path)
+    a full disk and the user reads one line, not a traceback. Inside a run folder, a path
+    through a symbolic link is refused first (:func:`no_link`); a file left at the temporary
+    name (a killed write, or a planted link) is removed, never written through."""
+    path = no_link(path)
     tmp = path.with_name(f".{path.name}.tmp")
+    if os.path.lexists(tmp):
+        tmp.unlink()
     try:
         yield tmp
         if fsync:
@@ -119,7 +230,7 @@ def save_figure(fig, path: str | os.PathLike, **savefig: Any) -> Path:
     where a figure was), in the format ``path``'s suffix names; creates missing folders.
     Every figure asyncsim writes goes through here."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     with atomic(path) as tmp:
         fig.savefig(tmp, format=path.suffix.lstrip(".").lower() or "png", **savefig)
     return path
@@ -230,10 +341,6 @@ def dump_toml(d: Mapping[str, Any], _prefix: str = "") -> str:
 
 
 # ----------------------------------------------------------------------------- reading
-class DamagedFile(ValueError):
-    """A run-folder file that cannot be read as what it should be: one line naming it."""
-
-
 # What to do about a damaged file of a run folder (a checkpoint's callers say "start over").
 REDO = "redo the run that wrote it with --force (or resume it, if it is unfinished)"
 

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from asyncsim import runs
+from asyncsim import _io, runs
 from asyncsim.errors import ScenarioError, did_you_mean
 
 
@@ -136,7 +136,7 @@ def draw_figure(name: str, sweep: str | Path, out: str | Path = "figures") -> li
     module = load_analysis(name)
     out = Path(out)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    _io.make_folder(out)
     try:
         return module.draw(Path(sweep), out)
     except BaseException:

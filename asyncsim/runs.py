@@ -28,6 +28,7 @@ writes a folder at a time: a second writer is refused with one line (:func:`open
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import platform
@@ -176,9 +177,8 @@ def default_out(scn: Scenario, profile: str | None) -> Path:
     return sweep_out(scn.name, profile) / f"seed{scn.seed}"
 
 
-# Files only asyncsim writes: a folder holding one is a run folder (provenance.json comes
-# with its start, summary.json with its end) or a sweep folder (index.csv).
-_MARKS = ("provenance.json", SUMMARY, "trace_meta.json", "index.csv")
+# Files only asyncsim writes: a folder holding one is a run or sweep folder.
+_MARKS = _io.RUN_MARKS
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
@@ -250,6 +250,8 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
                                  "--out")
         for p in folder.glob(".*.tmp"):
             p.unlink()  # a write cut short by a kill: never part of the run
+        if resume:
+            _io.no_links_inside(folder)  # what the run goes on writing stays inside it
     if folder.exists() and any(p.name != LOCK for p in folder.iterdir()):
         if is_complete(folder) and not force:
             if resume:
@@ -269,7 +271,7 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
                                      "asyncsim process is writing; wait for it to finish")
             for p in folder.iterdir():
                 if p.name != LOCK:
-                    _remove(p)
+                    _io.remove(p)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -287,6 +289,7 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
     within a process. The lock goes away with the process however it ends (the kernel
     drops it), and the file is removed when the block ends."""
     folder = Path(folder)
+    _io.no_link(folder / LOCK)  # RUN/replay linked elsewhere: refused before it is made
     created = _make(folder)
     key = folder.resolve()
     if key in _HELD:  # an outer block of this process holds it, and releases it
@@ -296,7 +299,8 @@ def locked(folder: str | os.PathLike) -> Iterator[Path]:
     _HELD[key] = [fd, 0]
     made = [p for p in created if p != folder]  # the parents this run made (runs/NAME)
     try:
-        yield folder
+        with _io.writing(folder):
+            yield folder
     finally:
         discard = _HELD.pop(key)[1]
         with contextlib.suppress(OSError):
@@ -330,7 +334,7 @@ def _busy_below(folder: Path) -> Path | None:
         if lock.parent == folder:
             continue
         try:
-            fd = os.open(lock, os.O_RDONLY)
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             continue
         try:
@@ -345,11 +349,14 @@ def _busy_below(folder: Path) -> Path | None:
 def _acquire(path: Path) -> int:
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a link: a lock linked to a file outside would be truncated.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except FileNotFoundError:  # its folder was just discarded by its last writer
             _make(path.parent)
             continue
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _io.link_refused(path, path.parent) from None
             raise RunFolderError(f"{path.parent}: cannot be written: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -417,22 +424,13 @@ def discard_unstarted(folder: Path | None) -> None:
         held = _HELD.get(folder.resolve())
         for p in entries:
             if not (held and p.name == LOCK):
-                _remove(p)
+                _io.remove(p)
         if held:
             held[1] = 1  # the lock's release removes the lock file, then the folder
         else:
             (folder / LOCK).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 folder.rmdir()
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir():
-        for q in p.iterdir():
-            _remove(q)
-        p.rmdir()
-    else:
-        p.unlink()
 
 
 # ----------------------------------------------------------------------------- TOML out

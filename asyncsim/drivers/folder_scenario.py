@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, atomic, dump_toml, regular_file
+from asyncsim._io import DamagedFile, atomic, dump_toml, make_folder, regular_file
 from asyncsim._registry import option_defaults, path_options
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers.plugins import plugins_used
@@ -222,6 +222,6 @@ def _sha256(path: Path, key: str) -> str:
 def _copy(src: Path, dest: Path, digest: str) -> None:
     if dest.exists() and _sha256(dest, str(dest)) == digest:
         return  # already the folder's copy (a resume, a replay of this folder)
-    dest.parent.mkdir(exist_ok=True)
+    make_folder(dest.parent)
     with atomic(dest) as tmp:
         shutil.copyfile(src, tmp)
