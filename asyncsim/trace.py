@@ -32,8 +32,10 @@ import numpy as np
 
 from asyncsim import _checks
 from asyncsim._io import (
+    DamagedFile,
     damaged,
     jsonable,
+    make_folder,
     read_csv,
     read_json,
     read_parquet,
@@ -302,8 +304,7 @@ class Trace:
         Each file is written to a temporary name and renamed, so a reader never sees half
         a file.
         """
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = make_folder(folder)
         tables = [("trace_grads", self.grads), ("trace_updates", self.updates)]
         if self.num_down:
             tables.append(("trace_down", self.down))
@@ -311,8 +312,10 @@ class Trace:
             write_parquet(folder / f"{name}.parquet", table)
         if not self.num_down:
             (folder / DOWN_FILE).unlink(missing_ok=True)  # another trace's, saved here before
+        # Its hash beside the tables, which :meth:`load` checks them against.
+        meta = {**self.meta, "trace_hash": self.hash()}
         write_text(folder / "trace_meta.json",
-                   json.dumps(jsonable(dict(self.meta)), indent=1, sort_keys=True))
+                   json.dumps(jsonable(meta), indent=1, sort_keys=True))
 
     @classmethod
     def load(cls, folder: str | os.PathLike, *, learners: int | None = None) -> Trace:
@@ -322,11 +325,14 @@ class Trace:
         ``learners`` - 1 (trace_meta.json's, and ``learners``, the run's scenario's
         cluster.learners where the caller has it, must agree), a field of trace_meta.json
         that is not what :data:`META_CHECKS` allows, gradients that do not match the
-        updates. :func:`asyncsim.testing.check_trace` checks the rest (per learner and per
-        protocol), too slow to check every load."""
+        updates, tables whose :meth:`hash` is not the ``trace_hash`` recorded with them
+        (trace_meta.json's and the folder's summary.json's: a trace edited into another
+        valid one never passes for the recorded run). :func:`asyncsim.testing.check_trace`
+        checks the rest (per learner and per protocol), too slow to check every load."""
         folder = Path(folder)
         meta_path = folder / "trace_meta.json"
         meta = read_json(meta_path) if meta_path.exists() else {}
+        recorded = _recorded_hashes(folder, meta)
         for key, check in META_CHECKS.items():
             if key in meta:
                 try:
@@ -358,7 +364,42 @@ class Trace:
                                                  < trace.num_updates))):
             raise damaged(folder / "trace_grads.parquet", "its gradients do not match the "
                           f"{trace.num_updates} updates of trace_updates.parquet")
+        if recorded:
+            check_hash(trace, recorded, folder / FILES[0])
         return trace
+
+
+# Where a run folder records its trace's hash besides the trace's own meta (Trace.summary).
+SUMMARY_FILE = "summary.json"
+
+
+def _recorded_hashes(folder: Path, meta: Mapping[str, Any]) -> dict[str, str]:
+    """The ``trace_hash`` values a folder records for its trace: ``{file: hash}`` of
+    trace_meta.json's and summary.json's (a complete run's)."""
+    summary = folder / SUMMARY_FILE
+    records = {"trace_meta.json": meta,
+               SUMMARY_FILE: read_json(summary) if summary.exists() else {}}
+    # None: written before traces recorded it, or a folder's summary without a trace
+    return {name: r["trace_hash"] for name, r in records.items()
+            if r.get("trace_hash") is not None}
+
+
+def check_hash(trace: Trace, recorded: Mapping[str, str], label: str | os.PathLike, *,
+               advice: str = "replay the original folder, or redo the run") -> None:
+    """Refuse, as a one-line :class:`asyncsim._io.DamagedFile` naming ``label`` (the file
+    that holds the trace), a ``trace`` whose :meth:`Trace.hash` is not every hash in
+    ``recorded`` (``{where it was recorded: hash}``): its tables were changed after the run
+    wrote them (or a file of another run was put in their place)."""
+    actual = trace.hash()
+    for where, value in recorded.items():
+        if not isinstance(value, str):
+            raise DamagedFile(f"{label}: trace_hash in {where} is {value!r}; allowed: a "
+                              f"SHA-256 hex string; {advice}")
+        if value != actual:
+            raise DamagedFile(
+                f"{label}: does not match its recorded trace_hash ({value[:12]}… in {where}; "
+                f"the trace's tables hash to {actual[:12]}…): the trace was changed after "
+                f"its run wrote it; {advice}")
 
 
 # Each table's times that must be numbers, finite (False) or possibly infinite (True: a down

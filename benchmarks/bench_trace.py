@@ -5,7 +5,8 @@ Measures, side by side in one process:
   * bare: 100 SimPy processes that each loop ``yield env.timeout(rng.exponential())`` and
     count, with no protocol, no trace, no run folder;
 and reports gradient events per second and their ratio (target >= 0.5), then times the
-lambda = 1000 x 1,000,000-gradient run (target < 60 s on 2 cores).
+lambda = 1000 x 1,000,000-gradient run (target < 60 s on 2 cores), and what loading its saved
+trace costs, the hash check that :meth:`asyncsim.trace.Trace.load` makes included.
 
     python benchmarks/bench_trace.py [--events 200000] [--big 1000000]
 """
@@ -13,6 +14,7 @@ lambda = 1000 x 1,000,000-gradient run (target < 60 s on 2 cores).
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
 import numpy as np
@@ -20,6 +22,7 @@ import simpy
 
 from asyncsim.api import simulate
 from asyncsim.scenario import load_scenario
+from asyncsim.trace import Trace
 
 
 def bare(learners: int, events: int, seed: int = 0) -> float:
@@ -43,7 +46,7 @@ def bare(learners: int, events: int, seed: int = 0) -> float:
     return time.perf_counter() - t0
 
 
-def ours(learners: int, events: int) -> float:
+def ours(learners: int, events: int) -> tuple[float, Trace]:
     scn = load_scenario({"cluster": {"learners": learners,
                                      "compute": {"dist": "exponential", "mean": 1.0}},
                          "protocol": {"kind": "async"}, "run": {"gradients": events}})
@@ -51,7 +54,22 @@ def ours(learners: int, events: int) -> float:
     trace = simulate(scn)
     dt = time.perf_counter() - t0
     assert trace.num_gradients == events
-    return dt
+    return dt, trace
+
+
+def load_cost(trace: Trace, repeat: int) -> tuple[float, float]:
+    """Seconds to load ``trace`` saved in a run folder (its hash checked) and to hash it,
+    best of ``repeat``."""
+    with tempfile.TemporaryDirectory() as d:
+        trace.save(d)
+        load = min(_timed(lambda: Trace.load(d)) for _ in range(repeat))
+    return load, min(_timed(trace.hash) for _ in range(repeat))
+
+
+def _timed(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -61,15 +79,18 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     tb = min(bare(100, a.events) for _ in range(a.repeat))
-    to = min(ours(100, a.events) for _ in range(a.repeat))
+    to = min(ours(100, a.events)[0] for _ in range(a.repeat))
     print(f"lambda=100 async exponential, {a.events:,} gradient events (best of {a.repeat}):")
     print(f"  bare SimPy loop : {a.events / tb:>12,.0f} events/s  ({tb:.2f} s)")
     print(f"  asyncsim trace  : {a.events / to:>12,.0f} events/s  ({to:.2f} s)")
     print(f"  ratio asyncsim/bare = {tb / to:.2f}   (target >= 0.5)")
     if a.big:
-        t = ours(1000, a.big)
+        t, trace = ours(1000, a.big)
         print(f"lambda=1000 x {a.big:,} gradients: {t:.1f} s "
               f"({a.big / t:,.0f} events/s; target < 60 s)")
+        load, digest = load_cost(trace, a.repeat)
+        print(f"  Trace.load of its folder: {1e3 * load:.0f} ms, of which the trace_hash "
+              f"check {1e3 * digest:.0f} ms ({100 * digest / load:.0f}%)")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import CoreState
 from asyncsim.numerics.numerics import EvalRecord, Numerics
 from asyncsim.timing.protocols import protocol_options, timing_revision
+from asyncsim.trace import Trace, check_hash
 
 CKPT = "checkpoint.npz"
 
@@ -103,7 +104,19 @@ def check_checkpoint(folder: Path, scn: Scenario) -> dict[str, Any]:
         raise ScenarioError("protocol.schedule" if schedule is not None else "protocol.kind",
                             f"{folder / CKPT} was made under another timing model{why}; "
                             f"{_START_OVER}", file=str(folder))
+    if "trace_hash" in extra:  # a real run's checkpoint holds the trace so far
+        try:
+            trace = checkpoint_trace(extra["trace"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise damaged(folder / CKPT, f"its trace: {e}", _START_OVER) from None
+        check_hash(trace, {CKPT: extra["trace_hash"]}, folder / CKPT, advice=_START_OVER)
     return check_resume(folder, extra.get("scenario"), scn)
+
+
+def checkpoint_trace(trace: dict[str, Any]) -> Trace:
+    """The trace a real run's checkpoint holds (``{"grads": columns, "updates": columns}``
+    of plain lists), as a :class:`~asyncsim.trace.Trace`: what its ``trace_hash`` is of."""
+    return Trace.from_columns(trace["grads"], trace["updates"])
 
 
 def resume_from(folder: Path, scn: Scenario, num: Numerics, *, check: bool = True):

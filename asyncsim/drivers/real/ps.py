@@ -64,7 +64,7 @@ import ray  # the real driver is Ray's: this package is imported only for real r
 from asyncsim import runs
 from asyncsim.config import Scenario
 from asyncsim.drivers.build import numerics_for
-from asyncsim.drivers.checkpoint import CKPT, resume_from
+from asyncsim.drivers.checkpoint import CKPT, checkpoint_trace, resume_from
 from asyncsim.drivers.driver import Driver
 from asyncsim.drivers.plugins import install_plugins
 from asyncsim.drivers.real.clock import Clock
@@ -452,7 +452,9 @@ class _RealDriver(Driver):
         ps = self.ps
         trace = {"grads": {k: [_py(x) for x in ps.g[k]] for k in _GCOLS},
                  "updates": {k: [_py(x) for x in ps.u[k]] for k in _UCOLS}}
-        return {**super().checkpoint_extra(done), "trace": trace, "restarts": ps.restarts,
+        # The trace so far, with its hash: a resume checks one against the other.
+        return {**super().checkpoint_extra(done), "trace": trace,
+                "trace_hash": checkpoint_trace(trace).hash(), "restarts": ps.restarts,
                 "resumes": ps.resumes}
 
 
