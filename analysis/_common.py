@@ -1,6 +1,7 @@
 """Small helpers shared by the figure scripts: read a sweep's run folders, label points,
 caption a figure with what it was made from, write it and its data. They read run folders
-only; nothing here runs a simulation."""
+only, and only through :mod:`asyncsim.results` (every value checked as it is read);
+nothing here runs a simulation."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from asyncsim._io import read_csv, read_json, read_npz, read_toml, save_figure, write_text
+from asyncsim import _checks
+from asyncsim._io import make_folder, save_figure, write_text
 from asyncsim.config import rule_label
-from asyncsim.runs import EDGES_CSV, scenario_toml
+from asyncsim.results import RunFolder, SweepFolder, run_folders
+from asyncsim.runs import scenario_toml
 from asyncsim.scenario import load_scenario, point_scenarios
 from asyncsim.timing.protocols import drop_defaults
 
@@ -27,85 +30,77 @@ RULE_LABEL = {"constant": "α = α0", "inverse-staleness": "α = α0/τ",
               "inverse-mean-staleness": "α = α0/⟨τ⟩", "stability-edge": "stability edge"}
 
 
-def finished_points(sweep_dir: Path) -> list[Path]:
+def finished_points(sweep_dir: Path) -> list[RunFolder]:
     """The run folders of a sweep's complete points (``summary.json`` written), in
-    ``index.csv`` order; a sweep may still be running. The folder recorded in the index may
-    be relative to another working directory: a point's folder is always sweep_dir/point."""
-    index = read_csv(Path(sweep_dir) / "index.csv")
-    folders = [Path(sweep_dir) / p for p in index["point"]]
-    return [f for f in folders if (f / "summary.json").exists()]
+    ``index.csv`` order; a sweep may still be running. Each is read through
+    :class:`asyncsim.results.RunFolder`, which checks every value as it is read."""
+    return list(SweepFolder(sweep_dir).points())
+
+
+def warmup_updates(run: RunFolder) -> int:
+    """The updates a staleness figure skips: the run's ``[figure] warmup_updates`` (100)."""
+    return run.value("figure.warmup_updates", 100,
+                     lambda k, v: _checks.integer(k, v, low=0))
 
 
 def trace_points(sweep_dir: Path):
-    """``(folder, scenario dict, trace, warm-up updates)`` of each complete point of a
-    timing-only sweep, the warm-up from its ``[figure] warmup_updates`` (default 100): what
-    the staleness figures read."""
-    from asyncsim.trace import Trace
-
-    for folder in finished_points(sweep_dir):
-        scn = read_toml(folder / "scenario.toml")
-        yield (folder, scn, Trace.load(folder),
-               int(scn.get("figure", {}).get("warmup_updates", 100)))
+    """``(run folder, scenario dict, trace, warm-up updates)`` of each complete point of a
+    timing-only sweep (:func:`warmup_updates`): what the staleness figures read."""
+    for run in finished_points(sweep_dir):
+        yield run, run.recorded, run.trace, warmup_updates(run)
 
 
 def read_edges(sweep_dir: Path) -> pd.DataFrame:
     """The stability edges a sweep measured (its ``edges.csv``: point, tau, schedule,
     momentum, beta, measured, closed_form, staleness_mean, staleness_max)."""
-    path = Path(sweep_dir) / EDGES_CSV
-    if not path.exists():
-        raise FileNotFoundError(f"{sweep_dir}: no {EDGES_CSV}; run the sweep (its [measure] "
-                                "edges writes it once every point is complete)")
-    return read_csv(path)
+    return SweepFolder(sweep_dir).edges()
+
+
+def protocol_n(run: RunFolder) -> int | None:
+    """The run's ``protocol.n`` (n-softsync's n), None where its protocol has none."""
+    return run.value("protocol.n", None,
+                     lambda k, v: None if v is None else _checks.integer(k, v))
 
 
 def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame:
-    """The sweep's ``index.csv`` with each point's run folder, its resolved scenario values
-    and summary; only complete points (a sweep may still be running). Trace-only points (no
-    ``eval.csv``) are kept only with ``trace_only_ok`` (column ``has_eval`` says which)."""
+    """One row per complete point of the sweep (a sweep may still be running), in index
+    order: its :class:`~asyncsim.results.RunFolder` (``run``) and folder, its resolved
+    scenario values and summary. Trace-only points (no ``eval.csv``) are kept only with
+    ``trace_only_ok`` (column ``has_eval`` says which)."""
     rows = []
-    for folder in finished_points(sweep_dir):
-        has_eval = (folder / "eval.csv").exists()
-        if not (has_eval or trace_only_ok):
+    for run in finished_points(sweep_dir):
+        if not (run.has_evals or trace_only_ok):
             continue  # a trace-only point (no numerics to draw)
-        scn = _read_toml(folder / "scenario.toml")
-        summary = read_json(folder / "summary.json")
-        proto = scn.get("protocol", {})
-        opt = scn.get("optimizer", {})
+        scn = run.recorded
+        opt = scn["optimizer"]
         rows.append({
-            "point": folder.name, "folder": folder, "seed": scn.get("seed", 0),
-            "protocol": proto.get("kind"), "n": proto.get("n"),
-            "learners": scn.get("cluster", {}).get("learners"),
-            "batch_size": scn.get("data", {}).get("batch_size"),
-            "lr": opt.get("lr"), "lr_rule": rule_label(opt.get("lr_rule", "constant")),
-            "warmup_updates": opt.get("schedule", {}).get("warmup_updates", 0),
-            "scenario": scn, "summary": summary, "has_eval": has_eval,
+            "point": run.path.name, "run": run, "folder": run.path, "seed": scn["seed"],
+            # n-softsync's n; 0 where the protocol has none (hardsync, async)
+            "protocol": scn["protocol"]["kind"], "n": protocol_n(run) or 0,
+            "learners": scn["cluster"]["learners"], "batch_size": scn["data"]["batch_size"],
+            "lr": opt["lr"], "lr_rule": rule_label(opt["lr_rule"]),
+            "warmup_updates": opt["schedule"]["warmup_updates"],
+            "scenario": scn, "summary": run.summary, "has_eval": run.has_evals,
         })
     return pd.DataFrame(rows)
 
 
-def _read_toml(path: Path) -> dict:
-    return read_toml(path)
-
-
 def setup_label(protocol: str, n) -> str:
     """``hardsync`` or ``N-softsync`` (P1's names)."""
-    if protocol == "softsync" and n is not None and not _isnan(n):
+    if protocol == "softsync" and n:
         return f"{int(n)}-softsync"
     return str(protocol)
 
 
+def setup_order(label: str) -> tuple:
+    """Sort key of :func:`setup_label`'s labels: hardsync, then n-softsync by n, then the
+    rest by name."""
+    n = label.split("-")[0]
+    return (label != "hardsync", int(n) if n.isdigit() else math.inf, label)
+
+
 def _isnan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
-
-
-def read_eval(folder: Path) -> pd.DataFrame:
-    return read_csv(Path(folder) / "eval.csv")
-
-
-def run_folders(source: Path) -> list[Path]:
-    """``source`` itself if it is one run folder, else the sweep's complete points."""
-    source = Path(source)
-    return [source] if (source / "summary.json").exists() else finished_points(source)
 
 
 def _num(x) -> str:
@@ -127,14 +122,14 @@ def _model_label(model: dict) -> str:
     return f"{model.get('name', '?')}{' ' + opts if opts else ''}"
 
 
-def _num_params(folder: Path) -> int | None:
-    f = folder / "params.npz"
-    if not f.exists():
-        return None
-    return int(sum(a.size for a in read_npz(f, what="the final parameters").values()))
+def data_size(run: RunFolder, key: str) -> int | None:
+    """``data.n_train`` / ``data.n_test`` as the run set them (a data set's options: checked
+    here, since the schema leaves them to the data set)."""
+    return run.value(f"data.{key}", None,
+                     lambda k, v: None if v is None else _checks.integer(k, v))
 
 
-def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str:
+def regenerate(scenario_file: str, runs: list[RunFolder], scns: list[dict]) -> str:
     """``"regenerate: asyncsim run FILE [--profile P]"`` when that command resolves to
     exactly the scenarios the runs recorded (every point of the sweep, compared key by key
     with each folder's ``scenario.toml``); otherwise ``"scenario: FILE (modified: ...)"``,
@@ -154,8 +149,8 @@ def regenerate(scenario_file: str, folders: list[Path], scns: list[dict]) -> str
         return (f"scenario: {scenario_file} (not a scenario file here; each run folder's "
                 "scenario.toml reruns it)")
     # As this asyncsim records them (older folders spell out fixed-delay-only defaults).
-    recorded = {f.name: drop_defaults(copy.deepcopy(sc)) for f, sc in zip(folders, scns,
-                                                                             strict=True)}
+    recorded = {r.path.name: drop_defaults(copy.deepcopy(sc))
+                for r, sc in zip(runs, scns, strict=True)}
     for profile in ("default", "smoke", "paper"):
         try:
             planned = point_scenarios(load_scenario(path, profile=profile, validate=False))
@@ -184,24 +179,21 @@ def describe_runs(*sources: Path) -> str:
     typed in by hand, so the caption cannot drift from the runs it describes."""
     parts = []
     for source in sources:
-        folders = run_folders(source)
-        if not folders:
+        runs = run_folders(source)
+        if not runs:
             continue
-        scns = [_read_toml(f / "scenario.toml") for f in folders]
-        sums = [read_json(f / "summary.json") for f in folders]
-        prov = [read_json(f / "provenance.json")
-                if (f / "provenance.json").exists() else {} for f in folders]
-        numeric = [i for i, sc in enumerate(scns) if not sc.get("run", {}).get("trace_only")]
+        scns = [r.recorded for r in runs]
+        sums = [r.summary for r in runs]
+        numeric = [i for i, sc in enumerate(scns) if not sc["run"]["trace_only"]]
         if numeric:
-            data = sorted({(sc["data"]["name"], sc["data"].get("n_train"),
-                            sc["data"].get("n_test")) for sc in (scns[i] for i in numeric)},
-                          key=str)
+            data = sorted({(scns[i]["data"]["name"], data_size(runs[i], "n_train"),
+                            data_size(runs[i], "n_test")) for i in numeric}, key=str)
             data_txt = "; ".join(
                 f"{name}" + (f" ({n:,} train / {t:,} test)" if n and t else "")
                 for name, n, t in data)
-            mus = _span([scns[i]["data"].get("batch_size") for i in numeric])
-            models = sorted({_model_label(scns[i].get("model", {})) for i in numeric})
-            n_params = _span([_num_params(folders[i]) for i in numeric])
+            mus = _span([scns[i]["data"]["batch_size"] for i in numeric])
+            models = sorted({_model_label(scns[i]["model"]) for i in numeric})
+            n_params = _span([runs[i].num_params() for i in numeric])
             what = (f"data {data_txt}, μ = {mus}; model {', '.join(models)}"
                     + (f" ({n_params} parameters)" if n_params != "?" else ""))
             scale = (f"{_span([sums[i].get('epochs') for i in numeric])} epochs "
@@ -209,21 +201,20 @@ def describe_runs(*sources: Path) -> str:
         else:
             what = "timing only (the runs record traces, no gradients)"
             scale = f"{_span([s.get('gradients') for s in sums])} gradients per run"
-        files = sorted({p.get("scenario_file") for p in prov if p.get("scenario_file")})
-        seeds = sorted({int(sc.get("seed", 0)) for sc in scns})
+        files = sorted({f for r in runs if (f := r.provenance.get("scenario_file"))})
+        seeds = sorted({sc["seed"] for sc in scns})
         backends = sorted({s.get("backend") for s in sums if s.get("backend")})
-        parts.append(f"{what}; {scale}; {len(folders)} run{'s' * (len(folders) != 1)}, "
+        parts.append(f"{what}; {scale}; {len(runs)} run{'s' * (len(runs) != 1)}, "
                      f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
                      + (f", {'/'.join(backends)}" if backends else "")
-                     + (f"; {regenerate(files[0], folders, scns)}" if len(files) == 1 else ""))
+                     + (f"; {regenerate(files[0], runs, scns)}" if len(files) == 1 else ""))
     return " | ".join(parts)
 
 
 def model_label(source: Path) -> str:
     """The model of a sweep's runs as a caption names it (``quadratic eigenvalues=[1.0]``)."""
-    folders = run_folders(source)
-    return ", ".join(sorted({_model_label(_read_toml(f / "scenario.toml").get("model", {}))
-                             for f in folders})) or "?"
+    return ", ".join(sorted({_model_label(r.recorded["model"])
+                             for r in run_folders(source)})) or "?"
 
 
 def caption_text(*sources: Path, note: str = "", width_in: float) -> str:
@@ -263,8 +254,7 @@ def save(fig, data: pd.DataFrame, out_dir: Path, name: str, *,
     """Write ``NAME.png`` (small: 100 dpi; with :func:`add_caption`'s footer for
     ``sources``), ``NAME.csv`` (every plotted series) and ``NAME_KEY.csv`` for each of
     ``tables``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_folder(out_dir)
     if sources or note:
         add_caption(fig, *sources, note=note)
     png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"

@@ -17,32 +17,43 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from asyncsim import _checks
+
 from ._common import save, trace_points
 
 NAME = "churn_staleness"
 
 
-def _level(avail: dict) -> str:
-    up, down = avail["up"], avail["down"]
-    if up.get("dist") == "constant" and up.get("value", 0) >= 1e9:
+def _mean(key: str, spec) -> float:
+    """The mean of a delay spec as this figure's scenario writes them (a constant's value,
+    another distribution's mean): a positive number, checked (RunFolder.value)."""
+    spec = _checks.table(key, spec)
+    name = "value" if spec.get("dist") == "constant" else "mean"
+    return _checks.positive(f"{key}.{name}", spec.get(name), finite=True)
+
+
+def _level(run) -> str:
+    """The availability setting of a point, as its legend names it."""
+    up = run.value("cluster.availability.up", None, _mean)
+    down = run.value("cluster.availability.down", None, _mean)
+    if run.recorded["cluster"]["availability"]["up"].get("dist") == "constant" and up >= 1e9:
         return "always up"
-    mean = {k: d.get("mean", d.get("value")) for k, d in (("up", up), ("down", down))}
-    share = mean["down"] / (mean["up"] + mean["down"])
-    return f"up {mean['up']:g} / down {mean['down']:g} ({100 * share:.0f}% down)"
+    share = down / (up + down)
+    return f"up {up:g} / down {down:g} ({100 * share:.0f}% down)"
 
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     rows = []
-    for _, s, trace, skip in trace_points(sweep_dir):
-        lam = int(s["cluster"]["learners"])
+    for run, s, trace, skip in trace_points(sweep_dir):
+        lam = s["cluster"]["learners"]
         end = float(trace.meta["sim_time"])
         stats = trace.staleness_stats(skip=skip)
         down = trace.down_stats() if trace.num_down else {"lost_gradients": 0,
                                                             "up_fraction": 1.0}
         lost = int(down["lost_gradients"])
         rate = trace.num_gradients / (lam * end)  # applied per learner per unit time
-        t_mean = float(s["cluster"]["compute"]["mean"])
-        rows.append({"availability": _level(s["cluster"]["availability"]), "learners": lam,
+        t_mean = run.value("cluster.compute", None, _mean)
+        rows.append({"availability": _level(run), "learners": lam,
                      "staleness_mean": stats["staleness_mean"],
                      "staleness_p99": stats["staleness_p99"],
                      "littles_law": (lam - 1) * rate * t_mean,

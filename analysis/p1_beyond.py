@@ -24,7 +24,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import read_parquet
 from asyncsim.stability.closed_form import edge
 
 from ._common import load_points, save
@@ -38,14 +37,15 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
         raise FileNotFoundError(f"{sweep_dir}: no complete runs")
     rows = []
     for _, p in points.iterrows():
-        scn, s = p["scenario"], p["summary"]
-        lam_max = float(s["initial_sharpness"])  # measured by the run ([measure])
-        beta = float(scn["optimizer"].get("momentum", {}).get("beta", 0.9))
-        kind = scn["optimizer"].get("momentum", {}).get("kind", "none")
-        tau = 0 if p["protocol"] == "hardsync" else int(round(s.get("staleness_mean") or 0))
-        rate = float(s["lr_at_mean_tau"])  # the rule's rate at the run's mean staleness
+        scn, s, run = p["scenario"], p["summary"], p["run"]
+        lam_max = run.summary_value("initial_sharpness")  # measured by the run ([measure])
+        beta = scn["optimizer"]["momentum"]["beta"]
+        kind = scn["optimizer"]["momentum"]["kind"]
+        tau = (0 if p["protocol"] == "hardsync"
+               else int(round(run.summary_value("staleness_mean"))))
+        rate = run.summary_value("lr_at_mean_tau")  # the rule's rate at the mean staleness
         e = edge(tau, kind if kind != "none" else "none", beta if kind != "none" else 0.0)
-        upd = read_parquet(p["folder"] / "updates.parquet", columns=["train_loss"])
+        upd = run.updates(["train_loss"])
         lam = int(p["learners"])
         warm = int(p["warmup_updates"] or 0)
         label = ("hardsync" if p["protocol"] == "hardsync" else

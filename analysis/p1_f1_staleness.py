@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from asyncsim import _checks
 from asyncsim._io import save_figure, write_text
 
 from ._common import add_caption, trace_points
@@ -27,9 +28,9 @@ def _label(compute: str) -> str:
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     rows = []
-    for _, s, trace, skip in trace_points(sweep_dir):
+    for run, s, trace, skip in trace_points(sweep_dir):
         lam = s["cluster"]["learners"]
-        n = s["protocol"]["n"]
+        n = run.value("protocol.n", None, _checks.integer)  # softsync's, required here
         compute = json.dumps(s["cluster"]["compute"])
         hist = trace.staleness_histogram(skip=skip)
         stats = trace.staleness_stats(skip=skip)

@@ -26,7 +26,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ._common import load_points, read_eval, save
+from asyncsim import _checks
+from asyncsim.errors import ScenarioError
+
+from ._common import data_size, load_points, save
 
 NAME = "p1_f2_speedup"
 
@@ -47,6 +50,17 @@ def time_to_target(ev: pd.DataFrame, target: float) -> tuple[float, float]:
     # Interpolate between the last evaluation above the target and the first at/below it.
     f = (err[i - 1] - target) / (err[i - 1] - err[i])
     return float(t[i - 1] + f * (t[i] - t[i - 1])), float(ep[i - 1] + f * (ep[i] - ep[i - 1]))
+
+
+def _span_of_two(key: str, v) -> list[float]:
+    """``[low, high]``: the range P1 reports (``[figure] paper_speedup_at_30``)."""
+    if not (isinstance(v, list) and len(v) == 2):
+        raise ScenarioError(key, f"must be a list of two numbers [low, high], got {v!r}")
+    return [_checks.finite(key, x) for x in v]
+
+
+def _optional_mean(key: str, v) -> float | None:
+    return None if v is None else _checks.positive(key, v, finite=True)
 
 
 def link_model(scn: dict) -> tuple[float, str]:
@@ -76,26 +90,26 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     points = load_points(Path(sweep_dir), trace_only_ok=True)
     if points.empty:
         raise FileNotFoundError(f"{sweep_dir}: no complete runs")
-    fig_cfg = points["scenario"].iloc[0].get("figure", {})
-    target = float(fig_cfg.get("target_test_error", 0.5))
-    paper = fig_cfg.get("paper_speedup_at_30", [22, 28])
+    first = points["run"].iloc[0]
+    target = first.value("figure.target_test_error", 0.5, _checks.unit_interval)
+    paper = first.value("figure.paper_speedup_at_30", [22, 28], _span_of_two)
     rows = []
     for _, p in points.iterrows():
-        s = p["summary"]
-        t, ep = (time_to_target(read_eval(p["folder"]), target) if p["has_eval"]
+        s, run = p["summary"], p["run"]
+        t, ep = (time_to_target(run.evals, target) if p["has_eval"]
                  else (float("nan"), float("nan")))
-        n_train = p["scenario"]["data"].get("n_train")
+        n_train = data_size(run, "n_train")
         samples = s.get("gradients", 0) * int(p["batch_size"])
         label = "hardsync" if p["protocol"] == "hardsync" else "λ-softsync, α0/τ"
         ps_bw, link = link_model(p["scenario"])
         rows.append({"link": link, "ps_bandwidth": ps_bw, "protocol": label,
                      "learners": int(p["learners"]),
                      "batch_size": int(p["batch_size"]), "seed": p["seed"],
-                     "compute_mean_s": p["scenario"]["cluster"]["compute"].get("mean"),
+                     "compute_mean_s": run.value("cluster.compute.mean", None, _optional_mean),
                      "time_to_target": t, "epochs_to_target": ep,
                      # per epoch = per n_train samples actually applied (a trace-only point
                      # has no epoch count in its summary)
-                     "sim_time_per_epoch": s["sim_time"] / samples * n_train
+                     "sim_time_per_epoch": run.summary_value("sim_time") / samples * n_train
                      if samples and n_train else float("nan"),
                      "final_test_error": s.get("final_test_error"),
                      "diverged": bool(s.get("diverged")),

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ._common import RULE_LABEL, load_points, read_eval, save, setup_label
+from ._common import RULE_LABEL, load_points, save, setup_label, setup_order
 
 NAME = "p1_f3_lr_modulation"
 RULES = ("constant", "inverse-staleness")
@@ -31,7 +31,7 @@ def _series(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-run evaluation rows (long form) and the final row of every run."""
     curves, finals = [], []
     for _, p in points.iterrows():
-        ev = read_eval(p["folder"])
+        ev = p["run"].evals
         label = setup_label(p["protocol"], p["n"])
         # hardsync: tau = 0, the two rules coincide; draw its one run in both rows.
         rules = RULES if p["protocol"] == "hardsync" else (p["lr_rule"],)
@@ -41,7 +41,7 @@ def _series(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             c["rule"], c["setup"], c["seed"] = rule, label, p["seed"]
             curves.append(c)
             finals.append({"rule": rule, "setup": label, "seed": p["seed"],
-                           "n": 0 if p["protocol"] == "hardsync" else int(p["n"]),
+                           "n": p["n"],
                            "final_test_error": float(ev["test_error"].iloc[-1]),
                            "final_epoch": float(ev["epoch"].iloc[-1]), "diverged": diverged,
                            # Collapsed: finite but at chance, uniform predictions (test loss
@@ -78,8 +78,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     mean = (curves.groupby(["rule", "setup", "epoch"], sort=False)
             .agg(train_loss=("train_loss", "mean"), test_error=("test_error", "mean"),
                  seeds=("seed", "nunique")).reset_index())
-    order = sorted(mean["setup"].unique(), key=lambda s: -1 if s == "hardsync"
-                   else int(s.split("-")[0]))
+    order = sorted(mean["setup"].unique(), key=setup_order)
     colors = dict(zip(order, plt.cm.viridis(np.linspace(0, 0.9, len(order))), strict=True))
     colors["hardsync"] = "black"
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)

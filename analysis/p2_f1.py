@@ -17,7 +17,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from asyncsim._io import read_json, read_toml
+from asyncsim import _checks
+from asyncsim.config import rule_label
 
 from ._common import finished_points, save
 
@@ -31,18 +32,17 @@ def points(sweep_dir: Path) -> pd.DataFrame:
     """One row per complete run: tau, momentum, lr_rule, seed, eta0, eta (the rate at
     delay τ), epochs, final train and test error, their gap, diverged."""
     rows = []
-    for folder in finished_points(sweep_dir):
-        s = read_json(folder / "summary.json")
-        scn = read_toml(folder / "scenario.toml")
-        opt = scn.get("optimizer", {})
+    for run in finished_points(sweep_dir):
+        s, scn = run.summary, run.recorded
+        opt = scn["optimizer"]
         train, test = s.get("final_train_error"), s.get("final_test_error")
         diverged = bool(s.get("diverged", False))
         rows.append({
-            "tau": int(scn["protocol"]["tau"]),
-            "momentum": opt.get("momentum", {}).get("kind", "none"),
-            "lr_rule": opt.get("lr_rule", "constant"), "seed": scn.get("seed", 0),
-            "eta0": float(opt.get("lr", 0.01)), "eta": float(s["lr_at_tau"]),
-            "epochs": float(s["epochs"]), "final_train_error": train,
+            "tau": run.value("protocol.tau", None, lambda k, v: _checks.integer(k, v, low=0)),
+            "momentum": opt["momentum"]["kind"],
+            "lr_rule": rule_label(opt["lr_rule"]), "seed": scn["seed"],
+            "eta0": opt["lr"], "eta": run.summary_value("lr_at_tau"),
+            "epochs": run.summary_value("epochs"), "final_train_error": train,
             "final_test_error": test,
             "gap": None if diverged or train is None else test - train,
             "diverged": diverged})

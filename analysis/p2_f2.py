@@ -22,7 +22,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import read_csv, read_toml, save_figure, write_text
+from asyncsim import _checks
+from asyncsim._io import DamagedFile, make_folder, save_figure, write_text
+from asyncsim.errors import ScenarioError
+from asyncsim.results import SHARPNESS_COLUMNS, RunFolder, SweepFolder
 from asyncsim.runs import SHARPNESS_CSV
 from asyncsim.stability.closed_form import asymptote, edge
 
@@ -42,23 +45,31 @@ def measured(sweep_dir: Path) -> pd.DataFrame:
     return df[cols].sort_values(["schedule", "tau"]).reset_index(drop=True)
 
 
-def _figure_cfg(sweep_dir: Path) -> dict:
-    """The ``[figure]`` table the sweep ran with (its first point's scenario.toml)."""
-    index = read_csv(Path(sweep_dir) / "index.csv")
-    for point in index["point"]:
-        f = Path(sweep_dir) / point / "scenario.toml"
-        if f.exists():
-            return dict(read_toml(f).get("figure", {}))
-    return {}
+def _first_point(sweep_dir: Path) -> RunFolder | None:
+    """The first point of the sweep that recorded its scenario (whose ``[figure]`` table is
+    the sweep's)."""
+    for run in SweepFolder(sweep_dir).points(complete=False):
+        if run.file("scenario.toml").exists():
+            return run
+    return None
+
+
+def _trajectories(key: str, v) -> list[tuple[int, str]]:
+    """``[figure] trajectories``: a list of ``[tau, rule]`` pairs."""
+    if not isinstance(v, list) or not all(isinstance(x, list) and len(x) == 2 for x in v):
+        raise ScenarioError(key, f"must be a list of [tau, rule] pairs, got {v!r}")
+    return [(_checks.integer(key, t, low=0), _checks.string(key, r)) for t, r in v]
 
 
 def network_dir(sweep_dir: Path) -> Path | None:
-    """P2-F4's sweep folder: ``figure.network_sweep`` relative to this sweep's parent folder
+    """P2-F4's sweep folder: ``figure.network_sweep``, a folder beside this sweep's
     (``p2_f4`` next to ``p2_f2``, ``p2_f4-smoke`` next to ``p2_f2-smoke``); None if absent."""
-    name = _figure_cfg(sweep_dir).get("network_sweep")
+    first = _first_point(sweep_dir)
+    name = None if first is None else first.value(
+        "figure.network_sweep", None, lambda k, v: None if v is None else _checks.string(k, v))
     if not name:
         return None
-    net = Path(sweep_dir).parent / name
+    net = SweepFolder(sweep_dir).sibling(name, "figure.network_sweep").path
     return net if (net / "index.csv").exists() else None
 
 
@@ -77,11 +88,11 @@ def trajectory(folder: Path) -> pd.DataFrame:
     """The sharpness a P2-F4 run measured along the way (its ``sharpness.csv``): update,
     sharpness, train_loss (on the sharpness set), eta, tau, lr_rule, edge
     (2 sin(π/(4τ+2))), bound (edge/η), eta_lambda (η·λ_max)."""
-    path = Path(folder) / SHARPNESS_CSV
-    if not path.exists():
-        raise FileNotFoundError(f"{folder}: no {SHARPNESS_CSV}; its scenario measures no "
-                                "sharpness along the run (measure.sharpness_points)")
-    df = read_csv(path).rename(columns={"lr": "eta"})
+    run = RunFolder(folder)
+    if not run.file(SHARPNESS_CSV).exists():
+        raise DamagedFile(f"{run.file(SHARPNESS_CSV)}: missing; its scenario measures no "
+                          "sharpness along the run (measure.sharpness_points)")
+    df = run.table(SHARPNESS_CSV, SHARPNESS_COLUMNS).rename(columns={"lr": "eta"})
     return df[["update", "sharpness", "train_loss", "eta", "tau", "lr_rule", "edge", "bound",
                "eta_lambda"]]
 
@@ -89,24 +100,24 @@ def trajectory(folder: Path) -> pd.DataFrame:
 def network_trajectories(sweep_dir: Path) -> pd.DataFrame:
     """Trajectories of the P2-F4 runs listed in ``figure.trajectories`` (``[[tau, rule]]``)."""
     net = network_dir(sweep_dir)
-    cfg = _figure_cfg(sweep_dir)
-    if net is None or not cfg.get("trajectories"):
+    first = _first_point(sweep_dir)
+    wanted = [] if first is None else first.value("figure.trajectories", [], _trajectories)
+    if net is None or not wanted:
         return pd.DataFrame()
     f4 = p2_f4.points(net)
     frames = []
-    for tau, rule in cfg["trajectories"]:
-        hit = f4[(f4["tau"] == int(tau)) & (f4["lr_rule"] == rule) & ~f4["diverged"]]
+    for tau, rule in wanted:
+        hit = f4[(f4["tau"] == tau) & (f4["lr_rule"] == rule) & ~f4["diverged"]]
         if not hit.empty:
             frames.append(trajectory(Path(hit["folder"].iloc[0])))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    df = measured(sweep_dir)
-    net = network_points(sweep_dir)
-    traj = network_trajectories(sweep_dir)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def edge_table(df: pd.DataFrame, net: pd.DataFrame, traj: pd.DataFrame) -> pd.DataFrame:
+    """The figure's CSV: the quadratic points (:func:`measured`), then the network's final
+    parameters (:func:`network_points`) and the second half of its trajectories
+    (:func:`network_trajectories`: mean, min and max of η·λ_max), each beside the closed
+    form at its delay."""
     table = df.assign(source="quadratic")
     if not net.empty:
         table = pd.concat([table, pd.DataFrame({
@@ -127,9 +138,15 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
             "measured": agg["mean"], "measured_min": agg["min"], "measured_max": agg["max"],
             "rel_error": agg["mean"] / [float(edge(t)) for t in agg["tau"]] - 1})],
             ignore_index=True)
-        write_text(out_dir / f"{NAME}_trajectories.csv", traj.to_csv(index=False))
-    csv = out_dir / f"{NAME}.csv"
-    write_text(csv, table.to_csv(index=False))
+    return table
+
+
+def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
+    df = measured(sweep_dir)
+    net = network_points(sweep_dir)
+    traj = network_trajectories(sweep_dir)
+    out_dir = make_folder(out_dir)
+    table = edge_table(df, net, traj)
     ncols = 2 if not traj.empty else 1
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4.2), dpi=100, squeeze=False)
     ax = axes[0, 0]
@@ -177,7 +194,14 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
                      f"{model_label(sweep_dir)} model, edge bisected)."
                      + (" MLP points: the P2-F4 runs (after |)." if net_dir
                         else ""))
-    png = out_dir / f"{NAME}.png"
+    # Written once everything it reads has been read (the caption too): a damaged run
+    # folder leaves no half of the figure's files.
+    png, csv = out_dir / f"{NAME}.png", out_dir / f"{NAME}.csv"
     save_figure(fig, png, bbox_inches="tight")
     plt.close(fig)
-    return [png, csv]
+    write_text(csv, table.to_csv(index=False))
+    written = [png, csv]
+    if not traj.empty:
+        written.append(out_dir / f"{NAME}_trajectories.csv")
+        write_text(written[-1], traj.to_csv(index=False))
+    return written

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import read_json, read_toml
+from asyncsim import _checks
 from asyncsim.config import rule_label
 from asyncsim.stability.closed_form import edge as closed_edge
 
@@ -42,17 +42,16 @@ def points(sweep_dir: Path) -> pd.DataFrame:
     if diverged), bound = 2 sin(π/(4τ+2))/eta, sync_bound = 2/eta0, eta_lambda = eta·λ_max,
     edge = 2 sin(π/(4τ+2)), folder."""
     rows = []
-    for folder in finished_points(sweep_dir):
-        summary = read_json(folder / "summary.json")
-        scn = read_toml(folder / "scenario.toml")
-        tau = int(scn["protocol"]["tau"])
-        eta0 = float(scn["optimizer"]["lr"])
-        eta = float(summary["lr_at_tau"])
+    for run in finished_points(sweep_dir):
+        summary, scn = run.summary, run.recorded
+        tau = run.value("protocol.tau", None, lambda k, v: _checks.integer(k, v, low=0))
+        eta0 = scn["optimizer"]["lr"]
+        eta = run.summary_value("lr_at_tau")
         sh = _nan(summary.get("final_sharpness"))
         e = float(closed_edge(tau))
-        rows.append({"tau": tau, "lr_rule": rule_label(scn["optimizer"].get("lr_rule", "constant")),
+        rows.append({"tau": tau, "lr_rule": rule_label(scn["optimizer"]["lr_rule"]),
                      "eta0": eta0, "eta": eta,
-                     "updates": summary.get("updates"), "seed": scn.get("seed", 0),
+                     "updates": summary.get("updates"), "seed": scn["seed"],
                      "final_train_loss": summary.get("final_train_loss"),
                      "final_test_error": summary.get("final_test_error"),
                      "diverged": bool(summary.get("diverged", False)),
@@ -60,7 +59,7 @@ def points(sweep_dir: Path) -> pd.DataFrame:
                      "sharpness": sh,
                      "sharpness_lanczos": _nan(summary.get("final_sharpness_lanczos")),
                      "bound": e / eta, "sync_bound": 2 / eta0,
-                     "eta_lambda": eta * sh, "edge": e, "folder": str(folder)})
+                     "eta_lambda": eta * sh, "edge": e, "folder": str(run.path)})
     return pd.DataFrame(rows).sort_values(["lr_rule", "tau"]).reset_index(drop=True)
 
 

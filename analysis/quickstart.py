@@ -13,11 +13,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from asyncsim._io import read_csv, read_json, read_toml, save_figure, write_text
+from asyncsim._io import save_figure, write_text
 from asyncsim.config import rule_label
-from asyncsim.trace import Trace
+from asyncsim.results import RunFolder
 
-from ._common import caption_text, footer_height
+from ._common import caption_text, footer_height, protocol_n
 
 NAME = "quickstart"
 DRAWS = "run"  # one run folder (the figures of sweeps leave this at its default, "sweep")
@@ -37,11 +37,12 @@ def draw(run_dir: Path, out_dir: Path) -> list[Path]:
 
 def figure(run_dir: Path):
     """The figure of ``run_dir`` (laid out, not drawn) and the eval table it plots."""
-    evals = read_csv(run_dir / "eval.csv")
-    trace = Trace.load(run_dir)
-    summary = read_json(run_dir / "summary.json")
-    scn = read_toml(run_dir / "scenario.toml")
-    hist = trace.staleness_histogram()
+    run = RunFolder(run_dir)
+    evals, scn = run.evals, run.recorded
+    mean, most, epochs = (run.summary_value(k) for k in ("staleness_mean", "staleness_max",
+                                                            "epochs"))
+    n = protocol_n(run)
+    hist = run.trace.staleness_histogram()
     # `asyncsim run` waits for this figure, so it is drawn in one pass (0.10 s, against
     # 0.15 s with tight_layout and bbox_inches="tight": each lays the text out in a pass of
     # its own). Its layout is fixed, in inches: both panels' y axes span [0, 1], so their
@@ -59,13 +60,11 @@ def figure(run_dir: Path):
     b.bar(hist["staleness"], hist["freq"])
     b.set_xlabel("staleness τ")
     b.set_ylabel("fraction of gradients")
-    b.set_title(f"mean {summary['staleness_mean']:.2f}, max {summary['staleness_max']}",
-                fontsize=9)
-    proto = scn["protocol"]
-    title = (f"{scn['name']}: {scn['cluster']['learners']} learners, {proto['kind']}"
-             f"{' n=' + str(proto['n']) if 'n' in proto else ''}, lr rule "
+    b.set_title(f"mean {mean:.2f}, max {most}", fontsize=9)
+    title = (f"{scn['name']}: {scn['cluster']['learners']} learners, "
+             f"{scn['protocol']['kind']}{'' if n is None else f' n={n}'}, lr rule "
              f"{rule_label(scn['optimizer']['lr_rule'])}, {scn['model']['name']} on "
-             f"{scn['data']['name']} ({summary['epochs']:.1f} epochs, seed {scn['seed']})")
+             f"{scn['data']['name']} ({epochs:.1f} epochs, seed {scn['seed']})")
     # Wrapped to the canvas (8 pt: ~140 characters in 9 inches), which does not grow.
     title = textwrap.fill(title, 140)
     fig.suptitle(title, fontsize=8)

@@ -33,7 +33,7 @@ import pandas as pd
 from asyncsim.config import rule_label
 from asyncsim.stability import closed_form_applies, edge
 
-from ._common import load_points, read_eval, save, setup_label
+from ._common import load_points, save, setup_label
 
 NAME = "remedies"
 # The remedies of the scenario, in its order, by what the optimizer does.
@@ -101,7 +101,7 @@ def runs_table(points: pd.DataFrame) -> pd.DataFrame:
     for _, p in points.iterrows():
         remedy = remedy_of(p["scenario"])
         s = p["summary"]
-        ev = read_eval(p["folder"])
+        ev = p["run"].evals
         ratio, closed = stability_ratio(p["scenario"], s)
         rows.append({"setup": setup_label(p["protocol"], p["n"]), "remedy": remedy,
                      "alpha0": _alpha0(remedy, float(p["lr"])), "lr": float(p["lr"]),
@@ -146,7 +146,7 @@ def _curves(points: pd.DataFrame, picks: pd.DataFrame) -> pd.DataFrame:
         key = (setup_label(p["protocol"], p["n"]), remedy, _alpha0(remedy, float(p["lr"])))
         if key not in want:
             continue
-        ev = read_eval(p["folder"])[["epoch", "train_loss", "test_error"]].copy()
+        ev = p["run"].evals[["epoch", "train_loss", "test_error"]].copy()
         ev["setup"], ev["remedy"], ev["alpha0"], ev["seed"] = (*key, int(p["seed"]))
         frames.append(ev)
     if not frames:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from figure_inputs import assert_refused
 
 from asyncsim.cli import main
 from asyncsim.figures import draw_figure
@@ -15,12 +16,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def drawn(tmp_path_factory):
+def churn_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("churn")
     assert main(["run", str(REPO / "scenarios" / "churn_staleness.toml"), "--profile",
                  "smoke", "--out", str(out / "runs"), "--quiet", "--no-figure"]) == 0
-    draw_figure("churn_staleness", out / "runs", out / "figures")
-    return pd.read_csv(out / "figures" / "churn_staleness.csv")
+    return out / "runs"
+
+
+@pytest.fixture(scope="module")
+def drawn(churn_runs):
+    draw_figure("churn_staleness", churn_runs, churn_runs.parent / "figures")
+    return pd.read_csv(churn_runs.parent / "figures" / "churn_staleness.csv")
+
+
+@pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "compute.mean"])
+def test_a_wrong_typed_value_is_one_line_and_nothing_drawn(churn_runs, tmp_path, capsys,
+                                                           damage):
+    assert_refused("churn_staleness", churn_runs, damage, tmp_path, capsys)
 
 
 def test_every_point_is_drawn(drawn):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import TINY
+from figure_inputs import assert_refused
 
 from asyncsim import figures
 from asyncsim._io import DamagedFile, dump_toml
@@ -34,6 +35,14 @@ def trace_sweeps(tmp_path_factory):
         assert main(["run", str(REPO / "scenarios" / f"{name}.toml"), "--profile", "smoke",
                      "--out", str(runs / f"{name}-smoke"), "--quiet", "--no-figure"]) == 0
     return runs
+
+
+@pytest.mark.parametrize("name,damage", [
+    (name, damage) for name, extra in (("p1_f1_staleness", "protocol.n"), ("p2_f3", "edges"))
+    for damage in ("summary", "scenario", "provenance", extra)])
+def test_a_wrong_typed_value_is_one_line_and_nothing_drawn(trace_sweeps, tmp_path, capsys,
+                                                           name, damage):
+    assert_refused(name, trace_sweeps / f"{name}-smoke", damage, tmp_path, capsys)
 
 
 def test_the_run_stores_what_the_figure_plots(trace_sweeps):
@@ -86,16 +95,26 @@ def test_asyncsim_figures_works_from_an_installed_wheel(trace_sweeps, tmp_path):
     assert set(drawn.columns) >= {"n", "staleness", "freq"} and len(drawn) > 3
 
 
-def test_p2_f1_plots_the_rate_each_run_recorded(tmp_path):
+@pytest.fixture(scope="module")
+def p2_f1_runs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("p2_f1") / "p2_f1-smoke"
+    assert main(["run", str(REPO / "scenarios" / "p2_f1.toml"), "--profile", "smoke",
+                 "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "protocol.tau"])
+def test_p2_f1_refuses_a_wrong_typed_value(p2_f1_runs, tmp_path, capsys, damage):
+    assert_refused("p2_f1", p2_f1_runs, damage, tmp_path, capsys)
+
+
+def test_p2_f1_plots_the_rate_each_run_recorded(p2_f1_runs):
     """Each row of P2-F1's CSV is one run (2 delays x 2 momenta x 2 regimes in smoke) with
     the rate it recorded (P2's eta_tau at the nominal delay), its train and test error and
     their gap; the table aggregates them per (momentum, rule, delay)."""
-    import json
     import math
 
-    out = tmp_path / "p2_f1-smoke"
-    assert main(["run", str(REPO / "scenarios" / "p2_f1.toml"), "--profile", "smoke",
-                 "--out", str(out), "--quiet"]) == 0
+    out = p2_f1_runs
     data = pd.read_csv(out / "figures" / "p2_f1.csv")
     assert len(data) == 8
     index = pd.read_csv(out / "index.csv")
@@ -132,6 +151,11 @@ def _same_files(a: list[Path], b: list[Path]) -> None:
     assert [p.name for p in a] == [p.name for p in b] == ["quickstart.png", "quickstart.csv"]
     for x, y in zip(a, b, strict=True):
         assert x.read_bytes() == y.read_bytes(), x.name
+
+
+@pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "eval"])
+def test_quickstart_refuses_a_wrong_typed_value(tiny_run, tmp_path, capsys, damage):
+    assert_refused("quickstart", tiny_run, damage, tmp_path, capsys)
 
 
 def test_quickstart_figure_is_laid_out_in_one_pass_with_nothing_cut_or_overlapping(

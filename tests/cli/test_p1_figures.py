@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from figure_inputs import assert_refused
 
 from asyncsim.cli import main
 from asyncsim.figures import draw_figure
@@ -29,6 +30,19 @@ def smoke_sweep(request, tmp_path_factory):
                "--out", str(out), "--quiet"])
     assert rc == 0
     return name, out
+
+
+# What each figure reads besides every point's summary.json, scenario.toml, provenance.json.
+READS = {"p1_f2_speedup": ("eval", "protocol.n"), "p1_f3_lr_modulation": ("eval", "protocol.n"),
+         "p1_beyond": ("updates", "protocol.n")}
+
+
+@pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "read", "option"])
+def test_a_wrong_typed_value_is_one_line_and_nothing_drawn(smoke_sweep, tmp_path, capsys,
+                                                           damage):
+    name, out = smoke_sweep
+    which = {"read": READS[name][0], "option": READS[name][1]}.get(damage, damage)
+    assert_refused(name, out, which, tmp_path, capsys)
 
 
 def test_smoke_profile_runs_and_draws(smoke_sweep, tmp_path):

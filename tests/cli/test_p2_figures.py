@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from figure_inputs import assert_refused
 
 from asyncsim.cli import main
 from asyncsim.figures import draw_figure
@@ -27,6 +28,17 @@ def smoke_runs(tmp_path_factory):
                    "--out", str(runs / f"{name}-smoke"), "--quiet"])
         assert rc == 0
     return runs
+
+
+@pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "protocol.tau"])
+def test_p2_f4_refuses_a_wrong_typed_value(smoke_runs, tmp_path, capsys, damage):
+    assert_refused("p2_f4", smoke_runs / "p2_f4-smoke", damage, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "edges"])
+def test_p2_f2_refuses_a_wrong_typed_value(smoke_runs, tmp_path, capsys, damage):
+    assert_refused("p2_f2", smoke_runs / "p2_f2-smoke", damage, tmp_path, capsys,
+                   also={"p2_f4-smoke": smoke_runs / "p2_f4-smoke"})
 
 
 def test_p2_f4_smoke(smoke_runs, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from figure_inputs import assert_refused
 
 from asyncsim.cli import main
 
@@ -21,6 +22,12 @@ def smoke(tmp_path_factory):
     assert main(["run", str(REPO / "scenarios" / "remedies.toml"), "--profile", "smoke",
                  "--out", str(out), "--quiet"]) == 0
     return out
+
+
+@pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "eval",
+                                    "protocol.n"])
+def test_a_wrong_typed_value_is_one_line_and_nothing_drawn(smoke, tmp_path, capsys, damage):
+    assert_refused("remedies", smoke, damage, tmp_path, capsys)
 
 
 def test_every_remedy_is_run_and_tabled(smoke):

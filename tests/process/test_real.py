@@ -40,6 +40,7 @@ from asyncsim.drivers.real import (  # noqa: E402
 from asyncsim.drivers.real.run import numerics_env  # noqa: E402
 from asyncsim.machine import thread_counts  # noqa: E402
 from asyncsim.numerics import core  # noqa: E402
+from asyncsim.results import SUMMARY_FIELDS, RunFolder  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402
 from asyncsim.testing import check_trace  # noqa: E402
@@ -108,6 +109,8 @@ def test_real_async_run_trace_and_folder(async_run):
     assert not (out / "checkpoint.npz").exists()
     saved = runs.read_summary(out)
     assert saved["kind"] == "real" and saved["trace_hash"] == trace.hash()
+    # Every field of a real run's summary is one the run-folder reader checks, and passes.
+    assert set(saved) <= set(SUMMARY_FIELDS) and RunFolder(out).summary["restarts"] == 0
     assert set(trace.grads["learner"].tolist()) == {0, 1, 2}
     assert (trace.grads["t_start"] >= trace.grads["t_pull"]).all()
     assert s["updates_per_s"] > 0

@@ -1,0 +1,397 @@
+"""Run and sweep folders, read back: every value checked as it is read.
+
+A run folder may come from anyone (a colleague's tarball, a half-copied disk), so what it
+holds is input, not a record to trust. :class:`RunFolder` reads one through the one reader
+(:mod:`asyncsim._io`) and checks each value a reader uses for its type and range as it is
+read: ``summary.json``'s fields (:data:`SUMMARY_FIELDS`), ``provenance.json``'s
+(:data:`PROVENANCE_FIELDS`), ``scenario.toml`` (the scenario schema, without the plug-in
+registries: no JAX is imported), ``eval.csv``'s and ``updates.parquet``'s columns
+(:data:`EVAL_COLUMNS`, :data:`UPDATE_COLUMNS`), the trace (:meth:`asyncsim.trace.Trace.load`,
+its hash included), and the plug-in options and ``[figure]`` settings the schema leaves
+free (:meth:`RunFolder.value`).
+A value that is not what it should be is a one-line :class:`~asyncsim._io.DamagedFile`
+naming the file and the field, never a traceback deep in a figure, nor a figure drawn from
+it. :class:`SweepFolder` reads a sweep's ``index.csv`` and its complete points.
+
+The figures (``asyncsim figures``, :mod:`asyncsim.analysis`) read run folders only through
+these classes.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncsim import _checks
+from asyncsim._io import DamagedFile, damaged, read_csv, read_json, read_npz, read_parquet
+from asyncsim.config import MOMENTUM_KINDS, Scenario
+from asyncsim.errors import ScenarioError
+from asyncsim.runs import EDGES_CSV, SUMMARY, scenario_toml
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from asyncsim.trace import Trace
+
+Check = Callable[[str, Any], Any]
+
+
+# ----------------------------------------------------------------------------- value checks
+# Each returns the value as readers use it or raises a ScenarioError under the field's name
+# (asyncsim._checks' wording), which the reader turns into a DamagedFile naming the file.
+def _count(name: str, v: Any) -> int:
+    return _checks.integer(name, v, low=0)
+
+
+def _nonneg(name: str, v: Any) -> float:
+    return _checks.nonneg(name, v)
+
+
+def _text(name: str, v: Any) -> str:
+    return _checks.string(name, v)
+
+
+def _optional(check: Check) -> Check:
+    def optional(name: str, v: Any) -> Any:
+        return None if v is None else check(name, v)
+    return optional
+
+
+def _measured(name: str, v: Any) -> float:
+    """A measured number that may have failed: a number (NaN or infinite too), JSON's
+    ``null`` (written for NaN: NaN) or ``"inf"``/``"-inf"`` (written for them), as a float."""
+    if v is None:
+        return math.nan
+    if v in ("inf", "-inf"):
+        return float(v)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ScenarioError(name, f"must be a number (null, \"inf\" or \"-inf\" where it "
+                            f"failed), got {v!r}")
+    return float(v)
+
+
+def _error_rate(name: str, v: Any) -> float:
+    """A classification error: in [0, 1], or NaN where there was none to measure."""
+    x = _measured(name, v)
+    if not (math.isnan(x) or 0.0 <= x <= 1.0):
+        raise ScenarioError(name, f"must be an error rate in [0, 1], got {v!r}")
+    return x
+
+
+def _fraction(name: str, v: Any) -> float:
+    """A share of a whole: a finite number in [0, 1]."""
+    x = _checks.nonneg(name, v)
+    if x > 1:
+        raise ScenarioError(name, f"must be a fraction in [0, 1], got {v!r}")
+    return x
+
+
+def _text_list(name: str, v: Any) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ScenarioError(name, f"must be a list of strings, got {v!r}")
+    return v
+
+
+def _versions(name: str, v: Any) -> Mapping[str, str | None]:
+    _checks.table(name, v)
+    for pkg, version in v.items():
+        if version is not None and not isinstance(version, str):
+            raise ScenarioError(f"{name}.{pkg}", f"must be a version string or null, "
+                                f"got {version!r}")
+    return v
+
+
+_OPT_COUNT, _OPT_TEXT = _optional(_count), _optional(_text)
+
+# summary.json: every field asyncsim writes and a reader may use, with its check. A field
+# not listed (a plug-in monitor's) is kept as it is.
+SUMMARY_FIELDS: dict[str, Check] = {
+    **dict.fromkeys(("gradients", "updates", "staleness_max", "seed", "down_periods",
+                     "lost_gradients", "restarts", "short_rounds", "resumes",
+                     "vmapped_points", "replay_batch", "replay_gradient_calls",
+                     "replay_pending_gradients", "replay_pool_bytes", "replay_version_bytes",
+                     "replay_versions_held", "ps_version_bytes", "ps_versions_held", "threads",
+                     "blas_threads"), _count),
+    "diverged_at": _OPT_COUNT,
+    **dict.fromkeys(("epochs", "sim_time", "staleness_mean", "staleness_p99", "staleness_std",
+                     "wall_time", "real_wall_time", "startup_s", "updates_per_s"), _nonneg),
+    "up_fraction": lambda k, v: _fraction(k, v),
+    **dict.fromkeys(("final_test_error", "final_train_error"), _error_rate),
+    **dict.fromkeys(("final_test_loss", "final_train_loss", "final_train_set_loss",
+                     "lr_at_mean_tau", "lr_at_tau", "initial_sharpness", "final_sharpness",
+                     "final_sharpness_lanczos", "max_abs_diff_to_source"), _measured),
+    **dict.fromkeys(("diverged", "exact"), _checks.flag),
+    "matches_source": _optional(_checks.flag),
+    **dict.fromkeys(("backend", "grouping", "kind", "name", "param_hash", "trace_hash",
+                     "stop_reason", "replay_path", "replay_store", "sweep_path"), _text),
+    "source_param_hash": _OPT_TEXT,
+    "environment_changes": _text_list,
+}
+
+# provenance.json: the fields readers use (the figures' captions, the bit facts replay and
+# compare name), with their checks; the machine's other facts are kept as they are.
+PROVENANCE_FIELDS: dict[str, Check] = {
+    "seed": _count,
+    **dict.fromkeys(("scenario_file", "driver", "replay_of", "profile", "git_revision",
+                     "python", "platform", "machine", "cpu_model"), _OPT_TEXT),
+    "versions": _versions,
+    "command": _text_list,
+}
+
+
+def _column_check(kind: str | tuple[str, ...]) -> Callable[[Any], str | None]:
+    """A column check of pandas values: what is wrong with the column, or None."""
+    import numpy as np
+
+    def check(col) -> str | None:
+        a = col.to_numpy()
+        if isinstance(kind, tuple):  # one of these strings
+            bad = [x for x in a if x not in kind]
+            return (f"holds {bad[0]!r}; allowed: {', '.join(kind)}" if bad else None)
+        if a.dtype.kind not in ("iu" if kind == "count" else "iuf"):
+            allowed = "integers" if kind == "count" else "numbers"
+            return f"holds {a.dtype} values (e.g. {a[0]!r}); allowed: {allowed}"
+        if kind in ("count", "time"):
+            bad = np.flatnonzero(~np.isfinite(a) | (a < 0)) if a.size else []
+            if len(bad):
+                return f"holds {a[bad[0]].item()!r} at row {bad[0]}; allowed: finite numbers >= 0"
+        if kind == "error":
+            bad = np.flatnonzero((a < 0) | (a > 1))
+            if len(bad):
+                return f"holds {a[bad[0]].item()!r} at row {bad[0]}; allowed: errors in [0, 1]"
+        return None
+    return check
+
+
+# eval.csv's columns (:class:`asyncsim.numerics.numerics.EvalRecord`): losses may be NaN or
+# infinite (a run that diverged, an update with no batch loss), the rest may not.
+EVAL_COLUMNS = {"version": "count", "gradients": "count", "sim_time": "time", "epoch": "time",
+                "train_loss": "number", "test_loss": "number", "test_error": "error"}
+# updates.parquet's columns (the trace's update table and each update's batch loss).
+UPDATE_COLUMNS = {"version": "count", "time": "time", "n_grads": "count", "start": "count",
+                  "train_loss": "number"}
+
+
+def checked_table(df: pd.DataFrame, columns: Mapping[str, str | tuple[str, ...]], path: Path,
+                  *, required: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``df`` (read from ``path``) once each of ``columns`` it holds is what ``columns``
+    says (``count``: integers >= 0; ``time``: finite numbers >= 0; ``number``: any numbers,
+    NaN included; ``error``: numbers in [0, 1] or NaN; ``text``: any; a tuple: one of its
+    strings); ``required`` (default:
+    all of ``columns``) must be there. Otherwise a one-line DamagedFile naming the column."""
+    need = tuple(columns) if required is None else required
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise damaged(path, f"no column {', '.join(missing)}")
+    for name, kind in columns.items():
+        if name in df.columns and kind != "text":
+            why = _column_check(kind)(df[name])
+            if why:
+                raise damaged(path, f"column {name} {why}")
+    return df
+
+
+def checked_fields(record: Mapping[str, Any], fields: Mapping[str, Check],
+                   path: Path) -> dict[str, Any]:
+    """``record`` (read from ``path``) with each of ``fields`` it holds checked (and
+    converted: ``"inf"`` to a float, ``null`` to NaN where a number may have failed); a
+    wrong type or range is a one-line DamagedFile naming the field."""
+    out = dict(record)
+    for name, check in fields.items():
+        if name in out:
+            try:
+                out[name] = check(name, out[name])
+            except (ScenarioError, TypeError) as e:
+                why = e.message if isinstance(e, ScenarioError) else str(e)
+                raise damaged(path, f"{name}: {why}") from None
+    return out
+
+
+def _plain_name(name: Any, path: Path, field: str) -> str:
+    """A folder name read from a file (a sweep's point, a figure's other sweep): one name,
+    never a path that could lead out of the folder it is looked up in."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name
+            or "\\" in name or "\0" in name):
+        raise damaged(path, f"{field}: {name!r}; allowed: a folder name (no path)")
+    return name
+
+
+# ----------------------------------------------------------------------------- run folders
+class RunFolder:
+    """A run folder (online, replay, trace-only or real), read on demand and checked.
+
+    Each property reads its file once, on first use: ``scenario`` (the
+    :class:`~asyncsim.config.Scenario`), ``recorded`` (the scenario as a dict, every key
+    checked by the schema), ``summary``, ``provenance`` (``{}`` where there is none),
+    ``evals`` (eval.csv), ``trace``; :meth:`updates` reads updates.parquet's columns,
+    :meth:`params` the final parameters, :meth:`value` one scenario key the schema leaves
+    to a plug-in or to ``[figure]``.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def complete(self) -> bool:
+        """Whether the run finished (its summary.json, written last, is there)."""
+        return self.file(SUMMARY).exists()
+
+    @cached_property
+    def scenario(self) -> Scenario:
+        from asyncsim.scenario import load_run_scenario
+
+        try:
+            return load_run_scenario(self.path, validate=False)
+        except ScenarioError as e:
+            raise damaged(self.file("scenario.toml"),
+                          f"{e.key}: {e.message}" if e.key else e.message) from None
+
+    @cached_property
+    def recorded(self) -> dict[str, Any]:
+        """The scenario as a run folder records it (:func:`asyncsim.runs.scenario_toml`,
+        read back: a plain dict, defaults filled in), each key checked by the scenario
+        schema; plug-in options (``protocol.n``, ``data.n_train``) are read with
+        :meth:`value`."""
+        return tomllib.loads(scenario_toml(self.scenario))
+
+    def value(self, key: str, default: Any, check: Check) -> Any:
+        """The scenario's dotted ``key`` (``protocol.tau``, ``figure.warmup_updates``),
+        ``default`` where it is not set, checked by ``check(key, value)``: for what the
+        schema leaves to the plug-ins (their options; ``[figure]`` is free-form), which are
+        checked against their registries only where the numerics are imported."""
+        node: Any = self.recorded
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                node = default
+                break
+            node = node[part]
+        try:
+            return check(key, node)
+        except ScenarioError as e:
+            raise damaged(self.file("scenario.toml"), f"{e.key}: {e.message}") from None
+
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        path = self.file(SUMMARY)
+        return checked_fields(read_json(path), SUMMARY_FIELDS, path)
+
+    def summary_value(self, name: str) -> Any:
+        """``summary.json``'s field ``name``, checked; a missing one is damage too (a figure
+        asks only for what its scenario's runs write)."""
+        if name not in self.summary:
+            raise damaged(self.file(SUMMARY), f"no field {name}")
+        return self.summary[name]
+
+    @cached_property
+    def provenance(self) -> dict[str, Any]:
+        path = self.file("provenance.json")
+        if not path.exists():
+            return {}
+        return checked_fields(read_json(path), PROVENANCE_FIELDS, path)
+
+    @cached_property
+    def evals(self) -> pd.DataFrame:
+        path = self.file("eval.csv")
+        return checked_table(read_csv(path), EVAL_COLUMNS, path)
+
+    @property
+    def has_evals(self) -> bool:
+        return self.file("eval.csv").exists()
+
+    def updates(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """updates.parquet (``columns``: only those), each column checked."""
+        path = self.file("updates.parquet")
+        df = read_parquet(path, columns=columns)
+        kinds = {k: v for k, v in UPDATE_COLUMNS.items() if columns is None or k in columns}
+        return checked_table(df, kinds, path, required=tuple(columns or ()))
+
+    @cached_property
+    def trace(self) -> Trace:
+        from asyncsim.trace import Trace
+
+        return Trace.load(self.path, learners=self.scenario.cluster.learners)
+
+    def params(self) -> dict[str, Any]:
+        """The final parameters (params.npz) as numpy arrays, by pytree path."""
+        return read_npz(self.file("params.npz"), what="the final parameters")
+
+    def num_params(self) -> int | None:
+        """How many parameters the model has (None: no params.npz, a trace-only run)."""
+        if not self.file("params.npz").exists():
+            return None
+        return int(sum(a.size for a in self.params().values()))
+
+    def table(self, name: str, columns: Mapping[str, str | tuple[str, ...]]) -> pd.DataFrame:
+        """A CSV table the run wrote besides the standard files (its ``sharpness.csv``),
+        checked against ``columns`` (see :func:`checked_table`)."""
+        path = self.file(name)
+        return checked_table(read_csv(path), columns, path)
+
+
+
+# ----------------------------------------------------------------------------- sweep folders
+# A sweep's edges.csv (asyncsim.stability.measure) and a run's sharpness.csv.
+EDGES_COLUMNS = {"point": "text", "tau": "count", "schedule": "text", "momentum": MOMENTUM_KINDS,
+                 "beta": "number", "measured": "number", "closed_form": "number",
+                 "staleness_mean": "number", "staleness_max": "number"}
+SHARPNESS_COLUMNS = {"update": "count", "sharpness": "number", "train_loss": "number",
+                     "lr": "number", "tau": "number", "lr_rule": "text", "edge": "number",
+                     "bound": "number", "eta_lambda": "number"}
+
+
+class SweepFolder:
+    """A sweep folder: its ``index.csv`` (one row per point, each point's folder a plain
+    name inside it) and its points' :class:`RunFolder` s."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"SweepFolder({str(self.path)!r})"
+
+    @cached_property
+    def index(self) -> pd.DataFrame:
+        path = self.path / "index.csv"
+        df = checked_table(read_csv(path), {"point": "text"}, path)
+        for name in df["point"]:
+            _plain_name(name, path, "point")
+        return df
+
+    def points(self, *, complete: bool = True) -> Iterator[RunFolder]:
+        """Each point's run folder, in index order (``complete``: only those that finished:
+        a sweep may still be running)."""
+        for name in self.index["point"]:
+            run = RunFolder(self.path / name)
+            if run.complete or not complete:
+                yield run
+
+    def edges(self) -> pd.DataFrame:
+        """The stability edges the sweep measured (its ``edges.csv``)."""
+        path = self.path / EDGES_CSV
+        if not path.exists():
+            raise DamagedFile(f"{path}: missing; run the sweep (its [measure] edges writes it "
+                              "once every point is complete)")
+        return checked_table(read_csv(path), EDGES_COLUMNS, path)
+
+    def sibling(self, name: Any, field: str) -> SweepFolder:
+        """Another sweep beside this one, named by ``name`` (read from ``field`` of this
+        sweep's scenario): one folder name, never a path out of the parent folder."""
+        return SweepFolder(self.path.parent / _plain_name(name, self.path / "index.csv", field))
+
+
+def run_folders(source: str | Path) -> list[RunFolder]:
+    """``source`` itself if it is one complete run folder, else a sweep's complete points."""
+    run = RunFolder(source)
+    return [run] if run.complete else list(SweepFolder(source).points())
+
+
