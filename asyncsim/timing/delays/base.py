@@ -215,7 +215,7 @@ def make_delay(
         return spec
     table(key, spec, 'such as {dist = "lognormal", mean = 1.0, cv = 0.1}')
     dist_key = _join(key, "dist")
-    name = required(dist_key, spec, "dist", available_delays())
+    name = required(dist_key, spec, "dist", available_delays)
     if not isinstance(name, str):
         raise ScenarioError(
             dist_key, f"must be a string; allowed: {', '.join(available_delays())}, got {name!r}"
