@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 
 from asyncsim import machine as _machine
 
-# Before anything imports JAX: XLA's and BLAS's thread counts, so that a run's bits do not
-# depend on the core count (asyncsim.machine).
-_machine.fix_threads()
+# Before anything imports JAX: XLA's and BLAS's thread counts and XLA's platform-independent
+# math, so that a run's bits depend on neither the core count nor the CPU model
+# (asyncsim.machine).
+_machine.fix_settings()
 
 # The public names and the modules that define them. They are imported on first use
 # (PEP 562), so that `asyncsim --help`, argument errors and other commands that never touch

@@ -1,5 +1,6 @@
-"""The machine's part in a run's last bits: the thread counts asyncsim fixes before JAX
-starts, and the facts a run folder records so that a replay elsewhere can say what differs.
+"""The machine's part in a run's last bits: the thread counts and the XLA flag asyncsim fixes
+before JAX starts, and the facts a run folder records so that a replay elsewhere can say
+what differs.
 
 What can change a run's parameters on CPU, with the scenario and the packages fixed
 (measured; docs/reproducibility.md has the numbers):
@@ -14,8 +15,13 @@ What can change a run's parameters on CPU, with the scenario and the packages fi
   asyncsim still sets ``OPENBLAS_NUM_THREADS=1`` so that what BLAS the host does (the
   sharpness measure's vectors) does not depend on the core count. OpenBLAS reads it when
   numpy is first imported.
-* **The CPU's instruction set.** XLA compiles for the host CPU; x86-64 with AVX2 and FMA is
-  the floor of the documented guarantee (without FMA, XLA's code rounds differently).
+* **The CPU model.** XLA compiles for the host CPU, and by default picks its math (the
+  elementwise functions' code) by the platform: Zen 3 and Zen 4 CPUs, both with AVX2 and FMA,
+  then end the same run at different bits. With ``--xla_cpu_enable_platform_dependent_math=
+  false`` they end at the same bits (measured), so importing asyncsim adds that flag to
+  ``XLA_FLAGS`` unless the flags name it already (:data:`FIXED_XLA_FLAGS`).
+* **The CPU's instruction set.** x86-64 with AVX2 and FMA is the floor of the documented
+  guarantee (without FMA, XLA's code rounds differently).
 * **``XLA_FLAGS``** and the JAX, jaxlib and numpy versions.
 
 Import asyncsim before JAX: JAX creates its CPU client, and with it the thread pool, on
@@ -33,11 +39,14 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["BIT_FACTS", "FIXED_THREADS", "cpu_affinity", "fact_changes", "fix_threads",
-           "machine_facts", "thread_counts"]
+__all__ = ["BIT_FACTS", "FIXED_THREADS", "FIXED_XLA_FLAGS", "cpu_affinity", "fact_changes",
+           "fix_settings", "machine_facts", "thread_counts"]
 
 #: What importing asyncsim sets when the environment does not set it already.
 FIXED_THREADS = {"PJRT_NPROC": "2", "OPENBLAS_NUM_THREADS": "1"}
+#: What importing asyncsim adds to ``XLA_FLAGS`` when the flags do not name it already: the
+#: CPU code whose bits do not depend on the CPU model (docs/reproducibility.md).
+FIXED_XLA_FLAGS = ("--xla_cpu_enable_platform_dependent_math=false",)
 # The variables by which a user has already chosen each count (XLA also reads NPROC).
 _CHOSEN_BY = {"PJRT_NPROC": ("PJRT_NPROC", "NPROC"),
               "OPENBLAS_NUM_THREADS": ("OPENBLAS_NUM_THREADS",)}
@@ -55,28 +64,37 @@ BIT_FACTS = ("cpu_model", "cpu_id", "cpu_flags", "xla_threads", "xla_flags", "ja
 _ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512_bf16",
               "amx_tile")
 
-# What fix_threads found when asyncsim was imported.
+# What fix_settings found when asyncsim was imported.
 _FOUND: dict[str, Any] = {}
 
 
-def fix_threads() -> None:
+def fix_settings() -> None:
     """Set :data:`FIXED_THREADS` in ``os.environ`` where the user has not chosen the count
-    (``PJRT_NPROC`` or ``NPROC``; ``OPENBLAS_NUM_THREADS``), once, at import; say once when
-    JAX was imported first, since its thread pool may be made already."""
+    (``PJRT_NPROC`` or ``NPROC``; ``OPENBLAS_NUM_THREADS``) and add :data:`FIXED_XLA_FLAGS`
+    to ``XLA_FLAGS`` where its flags do not name them, once, at import; say once when JAX
+    was imported first, since its thread pool and flags may be fixed already."""
     if _FOUND:
         return
     unset = sorted(k for k in FIXED_THREADS
                    if not any(v in os.environ for v in _CHOSEN_BY[k]))
+    flags = os.environ.get("XLA_FLAGS", "")
+    named = {f.split("=", 1)[0].lstrip("-") for f in flags.split()}
+    added = [f for f in FIXED_XLA_FLAGS if f.split("=", 1)[0].lstrip("-") not in named]
     _FOUND["threads_set_by_asyncsim"] = unset
+    _FOUND["xla_flags_set_by_asyncsim"] = added
     _FOUND["jax_imported_first"] = "jax" in sys.modules
     for key in unset:
         os.environ[key] = FIXED_THREADS[key]
-    if _FOUND["jax_imported_first"] and "PJRT_NPROC" in _FOUND["threads_set_by_asyncsim"]:
+    if added:
+        os.environ["XLA_FLAGS"] = " ".join([*flags.split(), *added])
+    if _FOUND["jax_imported_first"] and ("PJRT_NPROC" in unset or added):
         warnings.warn(
-            "JAX was imported before asyncsim: if it has computed anything, XLA's thread pool "
-            f"keeps its size ({cpu_affinity()} CPUs here) and results may differ in the last "
-            "bits from runs on other core counts; import asyncsim first, or set PJRT_NPROC=2 "
-            "before starting Python", RuntimeWarning, stacklevel=3)
+            "JAX was imported before asyncsim: if it has computed anything, XLA keeps its "
+            f"thread pool ({cpu_affinity()} CPUs here) and flags, and results may differ in "
+            "the last bits from runs on other core counts and CPU models; import asyncsim "
+            "first, or set PJRT_NPROC=2 and XLA_FLAGS="
+            f"{' '.join(FIXED_XLA_FLAGS)} before starting Python", RuntimeWarning,
+            stacklevel=3)
 
 
 def cpu_affinity() -> int:
@@ -149,7 +167,7 @@ def machine_facts() -> dict[str, Any]:
     """What a run's last bits depend on besides the scenario and the package versions, as
     ``provenance.json`` records it: the CPU model and ISA flags, the CPUs the process may
     run on, XLA's and BLAS's thread counts, the variables that set them, ``XLA_FLAGS``,
-    ``JAX_PLATFORMS``, BLAS's kernel, and what :func:`fix_threads` found."""
+    ``JAX_PLATFORMS``, BLAS's kernel, and what :func:`fix_settings` found."""
     env = {k.lower(): os.environ.get(k, "") for k in _THREAD_VARIABLES}
     counts = thread_counts()
     return {**_cpu(), "cpu_affinity": cpu_affinity(), "xla_threads": counts["xla"],

@@ -1,6 +1,7 @@
 """The machine's part in a run's bits (asyncsim.machine): importing asyncsim fixes XLA's and
-BLAS's thread counts, so one CPU gives the bits of two; provenance.json names what could
-still change them, and a replay says which of those differ."""
+BLAS's thread counts, so one CPU gives the bits of two, and XLA's platform-independent math,
+so one CPU model gives the bits of another (the quickstart's golden hash); provenance.json
+names what could still change them, and a replay says which of those differ."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncsim.machine import BIT_FACTS
+from asyncsim.machine import BIT_FACTS, FIXED_XLA_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
@@ -45,6 +46,10 @@ _FACTS = ("import os, json, asyncsim; from asyncsim.machine import machine_facts
           "f = machine_facts(); print(json.dumps([os.environ['PJRT_NPROC'], "
           "os.environ['OPENBLAS_NUM_THREADS'], f['xla_threads'], f['blas']['num_threads'], "
           "f['threads_set_by_asyncsim'], f['jax_imported_first']]))")
+_FLAGS = ("import os, json, asyncsim; from asyncsim.machine import machine_facts; "
+          "f = machine_facts(); print(json.dumps([f['xla_flags'], "
+          "f['xla_flags_set_by_asyncsim']]))")
+PDM = FIXED_XLA_FLAGS[0]  # --xla_cpu_enable_platform_dependent_math=false
 
 
 def test_importing_asyncsim_fixes_the_thread_counts_unless_the_user_did():
@@ -60,19 +65,63 @@ def test_importing_asyncsim_fixes_the_thread_counts_unless_the_user_did():
     assert json.loads(r.stdout) == [None, "1", 3, 1, ["OPENBLAS_NUM_THREADS"], False]
 
 
+def test_importing_asyncsim_adds_the_platform_independent_math_flag_unless_named():
+    assert PDM == "--xla_cpu_enable_platform_dependent_math=false"
+    r = _python(_FLAGS)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [PDM, [PDM]]
+    # The user's other flags are kept, the fixed one added after them.
+    r = _python(_FLAGS, XLA_FLAGS="--xla_cpu_max_isa=AVX2")
+    assert json.loads(r.stdout) == [f"--xla_cpu_max_isa=AVX2 {PDM}", [PDM]]
+    # A flag the user set either way is the user's choice.
+    for mine in ("--xla_cpu_enable_platform_dependent_math=true",
+                 "--xla_cpu_enable_platform_dependent_math"):
+        r = _python(_FLAGS, XLA_FLAGS=mine)
+        assert json.loads(r.stdout) == [mine, []]
+
+
 def test_jax_imported_first_is_said_once_and_recorded():
     r = _python("import jax; import importlib, asyncsim; importlib.reload(asyncsim); "
                 + _FACTS.replace("import os, json, asyncsim; ", "import os, json; "))
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("JAX was imported before asyncsim") == 1, r.stderr
-    assert "set PJRT_NPROC=2 before starting Python" in r.stderr
+    assert f"set PJRT_NPROC=2 and XLA_FLAGS={PDM} before starting Python" in r.stderr
     assert json.loads(r.stdout)[-1] is True
-    r = _python("import jax; " + _FACTS, PJRT_NPROC="2")  # the user fixed it: nothing to say
+    # The user fixed both: nothing to say.
+    r = _python("import jax; " + _FACTS, PJRT_NPROC="2", XLA_FLAGS=PDM)
     assert "JAX was imported" not in r.stderr and json.loads(r.stdout)[-1] is True
 
 
 def _summary(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
+
+
+# The quickstart (smoke)'s param_hash and trace_hash, by (jax, jaxlib, numpy) version: the
+# same on an AMD EPYC Zen 3 (family 25 model 1, AVX2 and FMA) and a Zen 4 (family 25 model
+# 17, AVX-512), 1 or 2 CPUs (docs/reproducibility.md). Other versions may compile other code.
+GOLDEN = {("0.10.2", "0.10.2", "2.4.6"): (
+    "7ca63c66c7d270283cb2d250a121578d2ae7ad7a0042d074a98228e7436ea945",
+    "d8234fc8b80d91e21a57607902aadb23927d608c0338465666ce0372a1470f3a")}
+
+
+def test_the_quickstart_ends_at_its_golden_bits_on_this_cpu_model(tmp_path):
+    """What "same bits on every machine" means, checked on whichever machine runs the suite:
+    the CPU model, its ISA beyond the AVX2 + FMA floor and the core count do not change the
+    quickstart's parameters."""
+    from importlib.metadata import version
+
+    versions = tuple(version(p) for p in ("jax", "jaxlib", "numpy"))
+    if versions not in GOLDEN:
+        pytest.skip(f"no golden hash recorded for jax, jaxlib, numpy {versions}")
+    out = tmp_path / "qs"
+    r = _asyncsim("run", QUICKSTART, "--profile", "smoke", "--no-figure", "--quiet", "--out",
+                  str(out))
+    assert r.returncode == 0, r.stderr
+    s, prov = _summary(out), json.loads((out / "provenance.json").read_text())
+    machine = {k: prov[k] for k in ("cpu_model", "cpu_id", "cpu_flags", "xla_flags",
+                                    "xla_threads", "blas")}
+    assert (s["param_hash"], s["trace_hash"]) == GOLDEN[versions], (
+        f"this machine's bits differ from the golden ones: {machine}")
 
 
 def test_one_cpu_gives_the_bits_of_two(tmp_path):
@@ -125,7 +174,7 @@ def test_provenance_names_what_changes_bits_and_replay_compares_it(tmp_path):
     prov = json.loads((src / "provenance.json").read_text())
     for key in BIT_FACTS:
         assert key in prov, key
-    assert prov["xla_threads"] == 2 and prov["xla_flags"] == ""
+    assert prov["xla_threads"] == 2 and prov["xla_flags"] == PDM
     assert prov["blas"]["num_threads"] == 1 and prov["blas"]["internal_api"]
     assert prov["plugins"] == [] and prov["versions"]["numpy"]
     if sys.platform == "linux" and os.uname().machine == "x86_64":
@@ -142,7 +191,7 @@ def test_provenance_names_what_changes_bits_and_replay_compares_it(tmp_path):
     assert _summary(tmp_path / "rep")["environment_changes"] == [
         f"cpu_model: 'Other CPU' -> {prov['cpu_model']!r}",
         f"cpu_flags: ['sse4_2', 'avx'] -> {prov['cpu_flags']!r}",
-        "xla_flags: '--xla_cpu_max_isa=AVX' -> ''",
+        f"xla_flags: '--xla_cpu_max_isa=AVX' -> {PDM!r}",
         f"numpy: '1.0.0' -> {prov['versions']['numpy']!r}"]
 
     seven = tmp_path / "seed8"
@@ -154,7 +203,7 @@ def test_provenance_names_what_changes_bits_and_replay_compares_it(tmp_path):
     assert r.stdout.splitlines()[-1] == (
         "param_hash: A's differs from B's; the machines differ in what the last bits depend "
         f"on: cpu_model: 'Other CPU' -> {prov['cpu_model']!r}; cpu_flags: ['sse4_2', 'avx'] "
-        f"-> {prov['cpu_flags']!r}; xla_flags: '--xla_cpu_max_isa=AVX' -> ''; numpy: "
+        f"-> {prov['cpu_flags']!r}; xla_flags: '--xla_cpu_max_isa=AVX' -> {PDM!r}; numpy: "
         f"'1.0.0' -> {prov['versions']['numpy']!r}")
     r = _asyncsim("compare", str(src), str(src))
     assert r.stdout.splitlines()[-1] == ("param_hash: the same in A and B (bit-identical "
