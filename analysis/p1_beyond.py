@@ -45,7 +45,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
                else int(round(run.summary_value("staleness_mean"))))
         rate = run.summary_value("lr_at_mean_tau")  # the rule's rate at the mean staleness
         e = edge(tau, kind if kind != "none" else "none", beta if kind != "none" else 0.0)
-        upd = run.updates(["train_loss"])
+        upd = run.updates
         lam = int(p["learners"])
         warm = int(p["warmup_updates"] or 0)
         label = ("hardsync" if p["protocol"] == "hardsync" else

@@ -12,6 +12,8 @@ The public API::
     result = asyncsim.run(scn)                      # real gradients (online driver)
     result.trace.gradients_df(), result.evals, result.summary, result.params
     again = asyncsim.replay(scn, result.trace)      # exact re-execution, no event loop
+    run = asyncsim.open_run("runs/quickstart/seed0")  # a run folder's results
+    sweep = asyncsim.open_sweep("runs/p1_f3_lr_modulation")  # a sweep's, one row a point
 """
 
 import importlib
@@ -46,6 +48,8 @@ _EXPORTS = {
     "load_scenario": "asyncsim.scenario",
     "make_core": "asyncsim.numerics.core",
     "make_delay": "asyncsim.timing.delays",
+    "open_run": "asyncsim.results",
+    "open_sweep": "asyncsim.results",
     "param_hash": "asyncsim.numerics.core",
     "register_dataset": "asyncsim.numerics.data",
     "register_delay": "asyncsim.timing.delays",
@@ -68,6 +72,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from asyncsim.numerics.data import Dataset, get_dataset, register_dataset
     from asyncsim.numerics.lr_rules import register_lr_rule
     from asyncsim.numerics.models import Model, get_model, register_model
+    from asyncsim.results import open_run, open_sweep
     from asyncsim.scenario import load_scenario
     from asyncsim.sweep import run_sweep
     from asyncsim.timing.delays import DelayModel, make_delay, register_delay
@@ -111,6 +116,8 @@ __all__ = [
     "load_scenario",
     "make_core",
     "make_delay",
+    "open_run",
+    "open_sweep",
     "param_hash",
     "register_dataset",
     "register_delay",

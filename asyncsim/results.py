@@ -19,7 +19,9 @@ these classes.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
@@ -27,12 +29,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncsim import _checks
-from asyncsim._io import DamagedFile, damaged, read_csv, read_json, read_npz, read_parquet
+from asyncsim._io import (
+    DamagedFile,
+    damaged,
+    npz_member,
+    read_csv,
+    read_json,
+    read_npz,
+    read_parquet,
+)
 from asyncsim.config import MOMENTUM_KINDS, Scenario
 from asyncsim.errors import ScenarioError
-from asyncsim.runs import EDGES_CSV, SUMMARY, scenario_toml
+from asyncsim.runs import EDGES_CSV, SUMMARY, RunFolderError, driver_from, scenario_toml
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
     from asyncsim.trace import Trace
@@ -246,6 +257,32 @@ class RunFolder:
         """Whether the run finished (its summary.json, written last, is there)."""
         return self.file(SUMMARY).exists()
 
+    @property
+    def kind(self) -> str:
+        """What wrote the folder: ``"online"`` (``asyncsim run``), ``"replay"``, ``"real"``
+        or ``"trace"`` (timing only), from its provenance."""
+        return driver_from(self.provenance)
+
+    @property
+    def state(self) -> str:
+        """``"complete"``, ``"diverged"`` (complete, stopped at ``summary["diverged_at"]``)
+        or ``"unfinished"`` (no summary.json: killed, or still running)."""
+        if not self.complete:
+            return "unfinished"
+        return "diverged" if self.summary.get("diverged") else "complete"
+
+    def checkpoint_version(self) -> int | None:
+        """The update an unfinished run's checkpoint holds (None: no checkpoint)."""
+        path = self.file("checkpoint.npz")
+        if not path.exists():
+            return None
+        raw = npz_member(path, "meta", what="the checkpoint")
+        try:
+            meta = json.loads(bytes(raw).decode())
+            return _count("version", meta["version"])
+        except (ValueError, KeyError, TypeError, ScenarioError) as e:
+            raise damaged(path, f"its metadata: {e}") from None
+
     @cached_property
     def scenario(self) -> Scenario:
         from asyncsim.scenario import load_run_scenario
@@ -308,12 +345,13 @@ class RunFolder:
     def has_evals(self) -> bool:
         return self.file("eval.csv").exists()
 
-    def updates(self, columns: list[str] | None = None) -> pd.DataFrame:
-        """updates.parquet (``columns``: only those), each column checked."""
+    @cached_property
+    def updates(self) -> pd.DataFrame:
+        """updates.parquet: one row per update (its version, time, gradients, the mean train
+        loss of its batches), each column checked."""
         path = self.file("updates.parquet")
-        df = read_parquet(path, columns=columns)
-        kinds = {k: v for k, v in UPDATE_COLUMNS.items() if columns is None or k in columns}
-        return checked_table(df, kinds, path, required=tuple(columns or ()))
+        return checked_table(read_parquet(path), UPDATE_COLUMNS, path,
+                             required=("version", "train_loss"))
 
     @cached_property
     def trace(self) -> Trace:
@@ -321,15 +359,17 @@ class RunFolder:
 
         return Trace.load(self.path, learners=self.scenario.cluster.learners)
 
-    def params(self) -> dict[str, Any]:
-        """The final parameters (params.npz) as numpy arrays, by pytree path."""
+    @cached_property
+    def params(self) -> dict[str, np.ndarray]:
+        """The final parameters (params.npz) as numpy arrays, by pytree path (e.g.
+        ``"['conv1']['w']"``); a trace-only run has none (a one-line DamagedFile)."""
         return read_npz(self.file("params.npz"), what="the final parameters")
 
     def num_params(self) -> int | None:
         """How many parameters the model has (None: no params.npz, a trace-only run)."""
         if not self.file("params.npz").exists():
             return None
-        return int(sum(a.size for a in self.params().values()))
+        return int(sum(a.size for a in self.params.values()))
 
     def table(self, name: str, columns: Mapping[str, str | tuple[str, ...]]) -> pd.DataFrame:
         """A CSV table the run wrote besides the standard files (its ``sharpness.csv``),
@@ -362,10 +402,49 @@ class SweepFolder:
     @cached_property
     def index(self) -> pd.DataFrame:
         path = self.path / "index.csv"
-        df = checked_table(read_csv(path), {"point": "text"}, path)
+        df = checked_table(read_csv(path), {"point": "text", "folder": "text"}, path)
         for name in df["point"]:
             _plain_name(name, path, "point")
         return df
+
+    @property
+    def keys(self) -> list[str]:
+        """The swept keys (dotted scenario keys, ``seed``): the columns the sweep writes
+        between ``point`` and ``folder`` in its index."""
+        cols = list(self.index.columns)
+        return cols[cols.index("point") + 1:cols.index("folder")]
+
+    @cached_property
+    def table(self) -> pd.DataFrame:
+        """One row per complete point: ``point``, its swept keys (as the sweep lists them;
+        a table as its TOML text), every scalar of its summary, ``folder``; every summary
+        value checked (:class:`RunFolder`). The frame to compare points with pandas."""
+        import pandas as pd
+
+        rows = []
+        for run in self.points():
+            row = {"point": run.path.name, **self._key_values(run)}
+            row.update({k: v for k, v in run.summary.items()
+                        if k not in row and not isinstance(v, list | dict)})
+            rows.append({**row, "folder": str(run.path)})
+        return pd.DataFrame(rows)
+
+    def evals(self) -> pd.DataFrame:
+        """Every complete point's evaluations (eval.csv) in long form, each row with its
+        ``point`` and swept keys: learning curves for ``groupby``."""
+        import pandas as pd
+
+        frames = [run.evals.assign(point=run.path.name, **self._key_values(run))
+                  for run in self.points() if run.has_evals]
+        if not frames:
+            return pd.DataFrame(columns=["point", *self.keys, *EVAL_COLUMNS])
+        df = pd.concat(frames, ignore_index=True)
+        return df[["point", *self.keys, *EVAL_COLUMNS]]
+
+    def _key_values(self, run: RunFolder) -> dict[str, Any]:
+        """A point's swept values, as its row of the index holds them."""
+        row = self.index[self.index["point"] == run.path.name].iloc[0]
+        return {k: row[k].item() if hasattr(row[k], "item") else row[k] for k in self.keys}
 
     def points(self, *, complete: bool = True) -> Iterator[RunFolder]:
         """Each point's run folder, in index order (``complete``: only those that finished:
@@ -387,6 +466,44 @@ class SweepFolder:
         """Another sweep beside this one, named by ``name`` (read from ``field`` of this
         sweep's scenario): one folder name, never a path out of the parent folder."""
         return SweepFolder(self.path.parent / _plain_name(name, self.path / "index.csv", field))
+
+
+def open_run(path: str | Path) -> RunFolder:
+    """A run folder (online, replay, trace-only or real) to read results from: its
+    ``scenario``, ``summary``, ``evals`` (DataFrame), ``updates``, ``trace`` and ``params``,
+    each read on first use and checked; JAX is not imported. A folder that is not a run (a
+    sweep, nothing) is a one-line :class:`~asyncsim.runs.RunFolderError`::
+
+        run = asyncsim.open_run("runs/quickstart/seed0")
+        run.summary["final_test_error"], run.evals.plot(x="sim_time", y="test_error")
+    """
+    path = Path(path)
+    if not any(os.path.lexists(path / m) for m in ("provenance.json", SUMMARY, "scenario.toml")):
+        raise RunFolderError(_not_a_run(path))
+    return RunFolder(path)
+
+
+def open_sweep(path: str | Path) -> SweepFolder:
+    """A sweep folder to read results from: ``.table``, one row per complete point with its
+    swept keys beside its summary's scalars; ``.evals()``, every point's evaluations in long
+    form; ``.points()``, the :class:`RunFolder` s. JAX is not imported::
+
+        sweep = asyncsim.open_sweep("runs/p1_f3_lr_modulation")
+        sweep.table.groupby("protocol.n")["final_test_error"].mean()
+    """
+    path = Path(path)
+    if not (path / "index.csv").exists():
+        raise RunFolderError(_not_a_run(path) if not (path / SUMMARY).exists() else
+                             f"{path}: a run folder, not a sweep; use asyncsim.open_run")
+    return SweepFolder(path)
+
+
+def _not_a_run(path: Path) -> str:
+    if not path.exists():
+        return f"{path}: no such folder"
+    if (path / "index.csv").exists():
+        return f"{path}: a sweep folder; use asyncsim.open_sweep (or one of its points)"
+    return f"{path}: not a run folder (no scenario.toml, provenance.json or summary.json)"
 
 
 def run_folders(source: str | Path) -> list[RunFolder]:

@@ -99,6 +99,12 @@ def driver_of(folder: Path) -> str:
         prov = _io.read_json(folder / "provenance.json")
     except _io.DamagedFile:
         return "online"
+    return driver_from(prov)
+
+
+def driver_from(prov: Mapping[str, Any]) -> str:
+    """:func:`driver_of` from a provenance record already read (an older folder names no
+    driver: a replay then says what it replayed)."""
     return prov.get("driver") or ("replay" if prov.get("replay_of") is not None else "online")
 
 
@@ -118,6 +124,20 @@ def _go_on(kind: str, folder: Path) -> str:
                "pass --force to start over"
     return (f"continue it with {_RESUME[kind].format(f=folder)}" if kind in _RESUME
             else _REDO.get(kind, "pass --force to start over"))
+
+
+def unfinished_advice(folder: str | os.PathLike) -> str:
+    """How to go on with an unfinished folder, in the words of the commands that refuse it:
+    the resume of an online or real run, the redo of a replay or a trace."""
+    folder = Path(folder)
+    kind = driver_of(folder)
+    if kind == "replay":
+        # A replay re-executes its source's trace; it has no checkpoints to resume from.
+        src = _replay_source(folder)
+        return ("a replay has no checkpoints: " + (f"asyncsim replay {src} --out {folder} "
+                                                  "--force" if src
+                                                  else "rerun asyncsim replay with --force"))
+    return _go_on(kind, folder)
 
 
 def _replay_source(folder: Path) -> str | None:
@@ -140,14 +160,9 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
         return folder  # prepare() says there is nothing to resume
     kind = driver_of(folder)
     if kind == "replay":
-        # A replay re-executes its source's trace; resuming it as an online run would
-        # simulate a new timeline in its place (a real run's replay: a simulated trace with
-        # parameters of neither run).
-        src = _replay_source(folder)
-        again = (f"asyncsim replay {src} --out {folder} --force" if src
-                 else "rerun asyncsim replay with --force")
-        raise RunFolderError(f"{folder}: an unfinished replay; a replay has no checkpoints: "
-                             f"{again}")
+        # Resuming a replay as an online run would simulate a new timeline in its place (a
+        # real run's replay: a simulated trace with parameters of neither run).
+        raise RunFolderError(f"{folder}: an unfinished replay; {unfinished_advice(folder)}")
     if kind != driver:
         raise RunFolderError(f"{folder}: an unfinished {_LABEL.get(kind, kind)}; "
                              f"{_go_on(kind, folder)}")

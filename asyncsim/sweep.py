@@ -51,9 +51,10 @@ from asyncsim.timing.protocols import timing_revision
 from asyncsim.trace import Trace
 
 INDEX = "index.csv"
-HEADLINE = ("final_test_error", "final_train_error", "final_train_loss", "diverged", "diverged_at",
-            "staleness_mean", "staleness_max", "sim_time", "updates", "gradients", "epochs",
-            "param_hash", "trace_hash", "wall_time")
+# The columns index.csv holds for a point besides its summary's: its swept keys come between
+# "point" and "folder" (asyncsim.results.SweepFolder.keys reads them so).
+INDEX_COLUMNS = ("point", "folder", "sweep_path", "exact", "vmapped", "replay_path",
+                 "trace_group", "shared_trace", "status")
 
 
 def timing_key(scn: Scenario) -> str:
@@ -190,7 +191,10 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
                                and len(by_group[it["group"]]) > 1}
         if complete:
             row["status"] = "complete"
-            row.update({k: summary.get(k) for k in HEADLINE if k in summary})
+            # Every scalar of its summary ([measure]'s sharpness, staleness_p99, ...), not the
+            # lists (a replay's environment_changes), nor a column the index has already.
+            row.update({k: v for k, v in summary.items()
+                        if k not in row and not isinstance(v, list | dict)})
         else:
             row["status"] = "missing"
         rows.append(row)

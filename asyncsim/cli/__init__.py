@@ -10,6 +10,7 @@ and what is allowed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
 import sys
@@ -21,6 +22,7 @@ from asyncsim.errors import ScenarioError
 from asyncsim.runs import ONE_LINE_ERRORS
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # as a process that SIGPIPE ended (128 + 13), what a shell expects
 
 
 def _scenario_file(args) -> str | None:
@@ -55,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asyncsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`asyncsim compare A B | head`): nothing more
+        # to say to it, and no traceback. Later writes (the exit's flush) go nowhere.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 class _ExitWithoutTeardown:

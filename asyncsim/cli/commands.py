@@ -17,23 +17,48 @@ from asyncsim.errors import ScenarioError
 from asyncsim.scenario import attributed, load_run_scenario, load_scenario
 
 
-def refuse_with_resume(args) -> None:
-    """``--resume DIR`` continues the folder's own scenario.toml: a scenario file, ``--set``,
-    ``--seed``, ``--profile`` or ``--out`` would be silently ignored, so they are refused."""
-    given = [flag for flag, on in (("a scenario file", getattr(args, "scenario", None)),
-                                   ("--set", getattr(args, "overrides", None)),
-                                   ("--seed", getattr(args, "seed", None) is not None),
-                                   ("--profile", getattr(args, "profile", None)),
-                                   ("--out", getattr(args, "out", None))) if on]
-    if given:
-        raise ScenarioError("--resume", f"continues the folder's own scenario.toml; "
-                            f"{', '.join(given)} cannot be given with it (a resume refuses a "
-                            "changed scenario: start a new run instead)", file="asyncsim")
+def resume_args(args, *, verb: str, driver: str = "online") -> Path:
+    """The folder ``--resume DIR`` continues (:func:`asyncsim.runs.resume_folder`), once the
+    rest of the command agrees with it. A resume continues the folder's own scenario.toml, so
+    the command that started the run may be given again (its scenario file, ``--profile``,
+    ``--set``, ``--seed`` and ``--out``), as long as they resolve to that very scenario and
+    folder; anything else would be silently ignored, so it is refused, naming what differs."""
+    where = f"asyncsim {verb}"
+    folder = runs.resume_folder(args.resume, driver=driver)
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).resolve() != folder.resolve():
+        raise ScenarioError("--out", f"names {out}, and --resume continues {folder} in place: "
+                            "give one of them", file=where)
+    tweaks = [flag for flag, on in (("--set", getattr(args, "overrides", None)),
+                                    ("--seed", getattr(args, "seed", None) is not None),
+                                    ("--profile", getattr(args, "profile", None))) if on]
+    if not getattr(args, "scenario", None):
+        if tweaks:
+            raise ScenarioError("--resume", f"continues the folder's own scenario.toml; "
+                                f"{', '.join(tweaks)} change a scenario file, and none is "
+                                "given", file=where)
+        return folder
+    from asyncsim._io import read_toml
+    from asyncsim.drivers.folder_scenario import scenario_changes
+
+    changed = scenario_changes(read_toml(folder / "scenario.toml", what="the run's scenario"),
+                               load_args(args))
+    if changed:
+        given = " ".join([str(args.scenario), *tweaks])
+        raise ScenarioError("--resume", f"{folder} holds another scenario than {given} "
+                            f"resolves to ({', '.join(changed[:4])}"
+                            f"{' ...' if len(changed) > 4 else ''}); a resume continues the "
+                            "folder's own run: start a new run for the changed one", file=where)
+    return folder
 
 
 def load_args(args, *, validate: bool = True):
     return load_scenario(args.scenario, profile=getattr(args, "profile", None),
                          overrides=args.overrides, seed=args.seed, validate=validate)
+
+
+# The summary fields a scenario's [measure] table adds (asyncsim.stability.measure).
+MEASURED = ("initial_sharpness", "final_sharpness", "final_sharpness_lanczos")
 
 
 def print_summary(summary: dict, keys=None) -> None:
@@ -135,8 +160,7 @@ def cmd_run(args) -> int:
         if worker is not None:
             workers.enter_context(worker)
         if args.resume:
-            refuse_with_resume(args)
-            out = runs.resume_folder(args.resume)
+            out = resume_args(args, verb="run")
             scn = load_run_scenario(out)
         else:
             scn = load_args(args)
@@ -169,7 +193,8 @@ def cmd_run(args) -> int:
             print_summary(result.summary, ["updates", "gradients", "epochs", "sim_time",
                                             "staleness_mean", "staleness_max",
                                             "final_test_error", "diverged", "wall_time",
-                                            "param_hash"])
+                                            # what its [measure] table asked for, if anything
+                                            *MEASURED, "param_hash"])
         if worker is not None:
             default = args.profile in (None, "default") and not args.out and not args.resume
             # Drawn into the run folder unless it is the default figure: under its lock.
@@ -248,6 +273,56 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
                    "on: see docs/reproducibility.md for what is bit-identical where)")
 
 
+def cmd_show(args) -> int:
+    """``asyncsim show PATH``: a run folder's state, summary and next command; a sweep
+    folder's points, one line each; anything else is one line (exit 2). Reads through
+    :mod:`asyncsim.results` (every value checked), runs nothing."""
+    from asyncsim.results import open_run, open_sweep
+
+    path = Path(args.path)
+    if (path / "index.csv").exists():
+        sweep = open_sweep(path)
+        states = [(name, _state(open_run(path / name))) for name in sweep.index["point"]]
+        done = sum(state == "complete" for _, state in states)
+        print(f"{path}: a sweep of {len(states)} points ({done} complete); keys "
+              f"{', '.join(sweep.keys) or '(none)'}")
+        for (name, state), row in zip(states, sweep.index.itertuples(index=False),
+                                      strict=True):
+            keys = " ".join(f"{k}={v}" for k, v in zip(sweep.keys, row[1:1 + len(sweep.keys)],
+                                                        strict=True))
+            print(f"  {name}  {keys}  {state}")
+        return 0
+    run = open_run(path)
+    print(f"{path}: {_LABELS[run.kind]}, {_state(run)}")
+    if run.complete:
+        print_summary({k: v for k, v in run.summary.items() if not isinstance(v, list | dict)})
+        again = (f"asyncsim replay {run.provenance['replay_of']} --out {path} --force"
+                 if run.kind == "replay" and run.provenance.get("replay_of")
+                 else f"asyncsim {_VERB[run.kind]} {path / 'scenario.toml'} --out NEW_DIR")
+        print(f"run it again: {again}")
+        if run.kind != "trace":
+            print(f"re-execute its trace: asyncsim replay {path} --out NEW_DIR")
+    else:
+        print(f"  {runs.unfinished_advice(path)}")
+    return 0
+
+
+_LABELS = {"online": "a run (simulated, online)", "replay": "a replay", "real": "a real run",
+           "trace": "a trace (timing only)"}
+_VERB = {"online": "run", "replay": "run", "real": "real", "trace": "trace"}
+
+
+def _state(run) -> str:
+    """``complete``, ``diverged at update N``, ``unfinished (checkpoint at update N)``."""
+    state = run.state
+    if state == "diverged":
+        return f"diverged at update {run.summary.get('diverged_at')}"
+    if state == "unfinished":
+        at = run.checkpoint_version()
+        return "unfinished" + (f" (checkpoint at update {at})" if at is not None else "")
+    return state
+
+
 def cmd_figures(args) -> int:
     from asyncsim.figures import draw_figures
 
@@ -275,8 +350,11 @@ def _sweep(args, scn, *, trace_only: bool) -> int:
     index = run_sweep(scn, out, force=args.force, progress=not args.quiet, executor=executor,
                       trace_only=trace_only)
     if not args.quiet:
-        cols = [c for c in index.columns if c not in ("folder", "param_hash", "trace_hash")]
-        print(index[cols].to_string(index=False))
+        # Its keys and what a reader looks at first; index.csv has every summary field.
+        keys = list(index.columns[:list(index.columns).index("folder")])
+        shown = [*keys, "status", "final_test_error", "diverged", "staleness_mean",
+                 "staleness_max", *MEASURED]
+        print(index[[c for c in shown if c in index.columns]].to_string(index=False))
         print(f"sweep index: {out / 'index.csv'}")
     fig = scn.figure.get("name")
     if fig and not getattr(args, "no_figure", False):

@@ -83,6 +83,8 @@ def _add_real_verbs(sub) -> None:
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("--figure", metavar="PNG", help="draw both distributions")
+    p.add_argument("--rows", type=int, default=20, metavar="N",
+                   help="staleness rows of the table to print (default 20; 0: all)")
     p.set_defaults(func="real:cmd_compare")
 
 
@@ -105,8 +107,12 @@ def _add_replay_verb(sub) -> None:
 
 
 def _add_inspection_verbs(sub) -> None:
-    """``stability``, ``timeline`` and ``figures``: closed forms, and what a run folder
-    shows, without simulating."""
+    """``show``, ``stability``, ``timeline`` and ``figures``: what a run folder holds,
+    closed forms and figures, without simulating."""
+    p = sub.add_parser("show", help="what a run or sweep folder holds, and how to go on")
+    p.add_argument("path", help="a run folder or a sweep folder")
+    p.set_defaults(func="commands:cmd_show")
+
     p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")
     p.add_argument("--tau", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32],
                    help="the constant delays of the table's rows")
@@ -116,6 +122,12 @@ def _add_inspection_verbs(sub) -> None:
                    help="momentum coefficients (one table each)")
     p.add_argument("--measure", action="store_true",
                    help="also measure the edge by simulation on a quadratic")
+    p.add_argument("--sharpness", type=float, metavar="S",
+                   help="the loss's top Hessian eigenvalue (a run's initial_sharpness, say): "
+                        "print each edge as the largest stable learning rate, edge / S")
+    p.add_argument("--trace", metavar="RUN_DIR",
+                   help="also measure the edge of that run's own (random) staleness: "
+                        "delayed GD on a quadratic driven by its recorded trace")
     p.add_argument("--figure", metavar="PNG", help="write a figure of the edges")
     p.set_defaults(func="stability:stability_command")
 

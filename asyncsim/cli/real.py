@@ -8,7 +8,7 @@ from pathlib import Path
 
 from asyncsim import runs
 from asyncsim.calibrate import calibrate, compare
-from asyncsim.cli.commands import load_args, print_summary, refuse_with_resume
+from asyncsim.cli.commands import load_args, print_summary, resume_args
 from asyncsim.drivers.real import RealRunError, real_run
 from asyncsim.errors import ScenarioError
 from asyncsim.scenario import load_run_scenario
@@ -17,8 +17,7 @@ from asyncsim.scenario import load_run_scenario
 def cmd_real(args) -> int:
     """``asyncsim real SCENARIO [--address ADDR] [--out DIR] [--set K=V] | --resume DIR``."""
     if args.resume:
-        refuse_with_resume(args)
-        out = runs.resume_folder(args.resume, driver="real")
+        out = resume_args(args, verb="real", driver="real")
         scn = load_run_scenario(out)
     else:
         if not args.scenario:
@@ -64,8 +63,12 @@ def cmd_compare(args) -> int:
         print(f"{k:<10}{res[k + '_a']:>12.4g}{res[k + '_b']:>12.4g}")
     print(f"total variation distance: {res['tv_distance']:.4f}")
     print(f"{'tau':>5}{'freq A':>10}{'freq B':>10}")
-    for row in res["table"]:
+    shown = res["table"] if args.rows <= 0 else res["table"][:args.rows]
+    for row in shown:
         print(f"{row['staleness']:>5}{row['freq_a']:>10.4f}{row['freq_b']:>10.4f}")
+    if len(shown) < len(res["table"]):
+        print(f"  ... {len(res['table']) - len(shown)} more rows, up to tau = "
+              f"{res['table'][-1]['staleness']} (--rows 0 prints them all)")
     if None not in (res["param_hash_a"], res["param_hash_b"]):
         print(_parameters_line(res))
     if "figure" in res:

@@ -4,7 +4,9 @@ Without ``--measure`` it prints the closed forms of :mod:`asyncsim.stability` (r
 effective edge, large-τ asymptote). With ``--measure`` each (τ, momentum, β) is also measured
 by simulation on a quadratic (:func:`asyncsim.stability.measured.find_edges`: fixed-delay
 timing, the shared update core, a vmapped grid of learning rates) and the relative error is
-printed.
+printed. ``--sharpness S`` (a loss's λ_max) adds each edge as a learning rate, edge / S.
+``--trace RUN_DIR`` measures the edge of that run's own staleness, which is random, where
+the closed forms hold for a constant delay (:func:`asyncsim.stability.measured.run_edges`).
 ``--figure PNG`` draws edge vs τ on log-log axes with the 1/τ asymptote.
 """
 
@@ -17,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._checks import choice, integer
+from asyncsim._checks import choice, integer, positive
 from asyncsim._io import save_figure
 from asyncsim.errors import ScenarioError
 from asyncsim.stability.closed_form import MOMENTUM_KINDS, asymptote, edge_table
@@ -43,6 +45,11 @@ def _check(args) -> None:
         if not abs(b) < 1:
             raise ScenarioError("--beta", f"must satisfy |beta| < 1, got {b}",
                                 file="asyncsim stability")
+    if args.sharpness is not None:
+        try:
+            positive("--sharpness", args.sharpness, finite=True)
+        except ScenarioError as e:
+            raise e.with_file("asyncsim stability") from None
     if args.figure:
         runs.output_file(args.figure, flag="--figure", verb="stability")
 
@@ -95,9 +102,48 @@ def stability_command(args) -> int:
     cols = ["tau", "momentum", "beta", "closed_form", "effective_edge", "asymptote"]
     if args.measure:
         cols += ["measured", "rel_error"]
-    with pd.option_context("display.width", 120, "display.max_rows", 10_000):
-        print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}"))
-    print(textwrap.fill(LEGEND, width=100))
+    if args.sharpness is not None:
+        table["lr_edge"] = table["measured" if args.measure else "closed_form"] / args.sharpness
+        cols.append("lr_edge")
+    _print(table[cols])
+    print(textwrap.fill(LEGEND + ("; lr_edge: the largest stable learning rate at that "
+                                  f"delay for lambda_max = {args.sharpness:g}, "
+                                  f"{'measured' if args.measure else 'closed_form'} / "
+                                  "lambda_max" if args.sharpness is not None else ""),
+                        width=100))
+    if args.trace:
+        print()
+        _run_edges(args)
     if args.figure:
         print(f"figure: {draw_edges(table, args.figure)}")
     return 0
+
+
+def _print(table: pd.DataFrame) -> None:
+    with pd.option_context("display.width", 120, "display.max_rows", 10_000):
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+
+
+def _run_edges(args) -> None:
+    """The ``--trace RUN_DIR`` table: the edge measured on the run's own trace."""
+    from asyncsim.results import open_run
+    from asyncsim.stability.measured import run_edges
+
+    run = open_run(args.trace)
+    table = run_edges(run.scenario, run.trace, args.momentum, args.beta)
+    cols = ["momentum", "beta", "measured", "closed_form_at_mean", "closed_form_at_max",
+            "measured_over_mean"]
+    if args.sharpness is not None:
+        table["lr_edge"] = table["measured"] / args.sharpness
+        cols.append("lr_edge")
+    first = table.iloc[0]
+    print(textwrap.fill(f"{args.trace}: staleness mean {first['staleness_mean']:.3g}, max "
+                        f"{first['staleness_max']}; the edge of this staleness, measured on "
+                        f"the run's own trace ({run.trace.num_updates} updates of delayed GD "
+                        "on a quadratic):", width=100))
+    _print(table[cols])
+    print(textwrap.fill(
+        "Its staleness is random, and P2's closed forms hold for a constant delay: "
+        "closed_form_at_mean and closed_form_at_max are the edges of constant delays at its "
+        "mean (rounded) and its largest staleness; measured is the edge that applies to this "
+        "run's timing (docs/p2.md)", width=100))

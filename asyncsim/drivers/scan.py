@@ -370,32 +370,38 @@ def _redo(run_chunk, start, xs, s: int):
     return redo
 
 
-def growth_inputs(traces: Sequence[Trace]) -> tuple[tuple[np.ndarray, ...], int]:
-    """The per-update inputs of :func:`growth_windows` for ``traces`` (equal lengths, one
-    gradient per update), stacked on a leading trace axis, and the slots K of the versions
-    store they need (each trace keeps its own :func:`slot_plan`). Computed once and reused
-    by every call over the same traces (an edge search makes ten)."""
+def growth_inputs(traces: Sequence[Trace]) -> tuple[tuple[np.ndarray, ...], int, int]:
+    """The per-update inputs of :func:`growth_windows` for ``traces`` (equal lengths, the
+    same number c of gradients in every update: P2's fixed delay takes one, n-softsync
+    λ/n), stacked on a leading trace axis, the slots K of the versions store they need (each
+    trace keeps its own :func:`slot_plan`) and c. Computed once and reused by every call
+    over the same traces (an edge search makes ten)."""
     m = {t.num_updates for t in traces}
     if len(m) != 1:
         raise ValueError(f"traces must have equal numbers of updates, got {sorted(m)}")
-    if any(t.uniform_n_grads != 1 for t in traces):
-        raise ValueError("growth_windows needs traces of one gradient per update")
+    cs = {t.uniform_n_grads for t in traces}
+    if len(cs) != 1 or None in cs:
+        raise ValueError("growth_windows needs traces whose updates all take the same number "
+                         f"of gradients, got {sorted(cs, key=str)}")
+    c = cs.pop()
     plans = [slot_plan(t) for t in traces]
-    per_trace = [versions_inputs(t, 1, slot) for t, (slot, _) in zip(traces, plans, strict=True)]
-    return tuple(np.stack(cols) for cols in zip(*per_trace, strict=True)), max(k for _, k in plans)
+    per_trace = [versions_inputs(t, c, slot) for t, (slot, _) in zip(traces, plans, strict=True)]
+    return (tuple(np.stack(cols) for cols in zip(*per_trace, strict=True)),
+            max(k for _, k in plans), c)
 
 
-def growth_windows(num: Numerics, inputs: tuple[tuple[np.ndarray, ...], int], lrs: np.ndarray,
-                   *, growth: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+def growth_windows(num: Numerics, inputs: tuple[tuple[np.ndarray, ...], int, int],
+                   lrs: np.ndarray, *, growth: tuple[int, int, int]
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """The traces of ``inputs`` (:func:`growth_inputs`) executed under every learning rate of
     ``lrs`` ([T, K]: a grid per trace) as one compiled program, vmapped over traces and
     rates: per (trace, rate) the largest squared parameter norm over the updates [q1, q2)
     and from q3 on (``growth``). The state of each lane is ``num``'s core with that rate
     (``hyper["lr"]``)."""
-    xs, K = inputs
+    xs, K, c = inputs
     m = xs[0].shape[1]
     lrs = np.asarray(lrs, np.float32)
-    program = _scan_program(num, 1, K, vmapped=True, traces=True, growth=growth)
+    program = _scan_program(num, c, K, vmapped=True, traces=True, growth=growth)
     (_, (wa, wb)), _ = program(_growth_start(num, K)(lrs), xs, np.int32(m))
     return np.asarray(wa), np.asarray(wb)
 

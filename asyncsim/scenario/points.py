@@ -34,6 +34,13 @@ def sweep_points(scn: Scenario) -> list[dict[str, Any]]:
 
     The tables' keys are merged into the point (so the index has ordinary columns); a key a
     table leaves out keeps the scenario's value.
+
+    Whole tables: an entry named after a table of the scenario (``protocol``,
+    ``optimizer.momentum``, ``cluster.compute``, ...) whose values are tables replaces that
+    table at each point, keys the listed table leaves out taking their defaults::
+
+        [sweep]
+        protocol = [{ kind = "async" }, { kind = "softsync", n = 4 }]
     """
     if not scn.sweep:
         return []
@@ -42,8 +49,14 @@ def sweep_points(scn: Scenario) -> list[dict[str, Any]]:
     for combo in itertools.product(*(scn.sweep[k] for k in keys)):
         point: dict[str, Any] = {}
         for k, v in zip(keys, combo, strict=True):
-            if isinstance(v, Mapping) and "." not in k:
+            if isinstance(v, Mapping) and "." not in k and k not in TABLES:
                 for kk, vv in v.items():
+                    if "." not in kk and kk != "seed":
+                        raise ScenarioError(f"sweep.{k}", f"sets {kk!r}: a table of keys that "
+                                            "vary together maps dotted keys (such as "
+                                            "protocol.kind); to replace a whole table at each "
+                                            "point, name the table: [sweep] protocol = "
+                                            "[{ kind = ... }, ...]")
                     if kk in point:
                         raise ScenarioError(f"sweep.{k}", f"sets {kk!r}, also set by another "
                                             "sweep entry")
@@ -54,23 +67,30 @@ def sweep_points(scn: Scenario) -> list[dict[str, Any]]:
     return out
 
 
+# The scenario's tables by their top-level names: a sweep entry so named replaces the table.
+TABLES = frozenset(f.name for f in dataclasses.fields(Scenario)
+                   if f.default_factory is not dataclasses.MISSING
+                   and dataclasses.is_dataclass(f.default_factory()))
+
+
 def apply_point(scn: Scenario, point: Mapping[str, Any]) -> Scenario:
     """The scenario of one sweep point (without its ``sweep`` table)."""
     raw = to_dict(scn)
     raw.pop("sweep", None)
     for k, v in point.items():
         check_sweep_key(k)
-        if k == "seed" or "." in k:
+        if k == "seed" or "." in k or k in TABLES:
             set_dotted(raw, k, v)
         else:
-            raise ScenarioError(f"sweep.{k}", "must be a dotted key such as optimizer.lr")
+            raise ScenarioError(f"sweep.{k}", "must be a dotted key such as optimizer.lr, or "
+                                f"a table's name ({', '.join(sorted(TABLES))})")
     # fixed-delay runs tau + 1 workers: a tau sweep moves the worker count along with it
     # unless the point sets cluster.learners itself.
     proto = raw.get("protocol", {})
     tau = scn.protocol.options.get("tau")
-    if (proto.get("kind") == "fixed-delay" and "protocol.tau" in point
-            and "cluster.learners" not in point and isinstance(tau, int)
-            and scn.cluster.learners == tau + 1):
+    tau_set = "protocol.tau" in point or "tau" in (point.get("protocol") or {})
+    if (proto.get("kind") == "fixed-delay" and tau_set and "cluster.learners" not in point
+            and isinstance(tau, int) and scn.cluster.learners == tau + 1):
         raw["cluster"]["learners"] = proto["tau"] + 1
     try:
         return from_dict(Scenario, raw)

@@ -60,6 +60,7 @@ __all__ = [
     "find_edges",
     "growth",
     "quadratic_scenario",
+    "run_edges",
     "stable_mask",
 ]
 
@@ -86,7 +87,9 @@ def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
                        schedule: str = "round-robin", eigenvalue: float = 1.0,
                        noise: float = 0.0, steps: int | None = None, seed: int = 0,
                        lr: float | None = None, batch_size: int = 1,
-                       optimizer: Mapping[str, Any] | None = None) -> Scenario:
+                       optimizer: Mapping[str, Any] | None = None,
+                       protocol: Mapping[str, Any] | None = None,
+                       learners: int | None = None) -> Scenario:
     """The fixed-delay scenario of one edge measurement (P2's one-device simulation).
 
     One-dimensional quadratic ``L(w) = λ w²/2`` (plus ``noise·mean_b(x_b w)`` on the
@@ -95,12 +98,16 @@ def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
     ``optimizer``: further ``[optimizer]`` keys -- any remedy (an ``lr_rule`` table, a
     ``transform``, a ``compensation``): the measured edge is then that remedy's, with or
     without a closed form (:func:`asyncsim.stability.closed_form_applies`).
+    ``protocol`` and ``learners``: another protocol table and cluster size in place of the
+    fixed delay (a recorded run's, whose trace the measurement then executes:
+    :func:`run_edges`).
     """
     steps = default_steps(tau, schedule) if steps is None else int(steps)
     raw: dict[str, Any] = {
         "name": f"edge-tau{tau}-{momentum}-{schedule}",
         "seed": int(seed),
-        "protocol": {"kind": "fixed-delay", "tau": int(tau), "schedule": schedule},
+        "protocol": dict(protocol) if protocol is not None else
+        {"kind": "fixed-delay", "tau": int(tau), "schedule": schedule},
         "optimizer": {"lr": float(lr if lr is not None else 0.1 / eigenvalue),
                       **dict(optimizer or {}),
                       # the momentum arguments, with any momentum keys ``optimizer`` adds
@@ -112,6 +119,8 @@ def quadratic_scenario(tau: int, momentum: str = "none", beta: float = 0.0, *,
                  "n_train": 1000, "n_test": 10},
         "run": {"updates": steps},
     }
+    if learners is not None:
+        raw["cluster"] = {"learners": int(learners)}
     return load_scenario(raw)
 
 
@@ -267,6 +276,41 @@ def edges_of_traces(scn: Scenario, traces: Sequence[Trace], *, n_lr: int = 256,
     noise = float(scn.model.options.get("noise", 0.0)) > 0
     measure = _Measure(numerics_for(scn), scn, list(traces), float(lam[0]), noise)
     return _search(measure, n_lr, rel_tol, _X_LO, _X_HI)
+
+
+def run_edges(scn: Scenario, trace: Trace, momenta: Sequence[str] = ("none",),
+              betas: Sequence[float] = (0.9,), **kw: Any) -> pd.DataFrame:
+    """The stability edge of a recorded run's own staleness: delayed gradient descent on a
+    one-dimensional quadratic, driven update by update by the run's trace (which version
+    each gradient read, how many gradients each update took: ``scn``'s protocol and
+    learners), for each momentum kind and β; beside it the closed forms at the trace's mean
+    and largest staleness, the constant delays that bound a random one.
+
+    Random staleness is not a constant delay: P2's closed form is exact for a constant τ
+    (fixed-delay round robin), and for a run's random staleness this measurement is the edge
+    that applies. Columns: momentum, beta, measured, staleness_mean, staleness_max,
+    closed_form_at_mean (τ = the mean, rounded), closed_form_at_max, measured_over_mean
+    (measured / closed_form_at_mean).
+    """
+    import pandas as pd  # here: a run never imports pandas (docs/design.md)
+
+    from asyncsim.config import to_dict
+
+    tau = trace.staleness
+    mean, most = float(tau.mean()) if tau.size else 0.0, int(trace.max_staleness)
+    rows = []
+    for kind in momenta:
+        for beta in ((0.0,) if kind == "none" else tuple(betas)):
+            quad = quadratic_scenario(0, kind, beta, protocol=to_dict(scn)["protocol"],
+                                      learners=scn.cluster.learners, steps=trace.num_updates)
+            measured = float(edges_of_traces(quad, [trace], **kw)[0])
+            at_mean = float(edge(round(mean), kind, beta))
+            rows.append({"momentum": kind, "beta": float(beta), "measured": measured,
+                         "staleness_mean": mean, "staleness_max": most,
+                         "closed_form_at_mean": at_mean,
+                         "closed_form_at_max": float(edge(most, kind, beta)),
+                         "measured_over_mean": measured / at_mean})
+    return pd.DataFrame(rows)
 
 
 def edge_comparison(taus: Sequence[int], momenta: Sequence[str] = ("none",),

@@ -491,3 +491,40 @@ def test_commands_on_what_is_not_a_run_folder_say_so_in_one_line(tmp_path, capsy
             assert main(argv) == 2, argv
             err = capsys.readouterr().err.strip()
             assert len(err.splitlines()) == 1 and says in err, (argv, err)
+
+
+def test_python_dash_m_asyncsim_is_the_command(tmp_path):
+    path = write(tmp_path, GOOD)
+    for module in ("asyncsim", "asyncsim.cli"):
+        r = subprocess.run([sys.executable, "-m", module, "trace", str(path), "--out",
+                            str(tmp_path / module), "--quiet"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert (tmp_path / module / "summary.json").is_file()
+
+
+def test_compare_cuts_its_table_and_a_closed_pipe_is_no_traceback(tmp_path, capsys):
+    """`asyncsim compare A B | head`: the reader may go away; and the staleness table stops
+    at --rows (20 by default) with a line saying how many rows it left out."""
+    import os
+
+    path = write(tmp_path, GOOD.replace('kind = "softsync"\nn = 2', 'kind = "async"')
+                 .replace("learners = 4", "learners = 40").replace("updates = 50",
+                                                                   "updates = 2000"))
+    a = tmp_path / "a"
+    assert main(["trace", str(path), "--out", str(a), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(a), str(a)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [ln for ln in lines if ln.split() and ln.split()[0].isdigit()]
+    assert len(rows) == 20 and lines[-1].startswith("  ... ") and "(--rows 0 prints" in lines[-1]
+    assert main(["compare", str(a), str(a), "--rows", "0"]) == 0
+    assert not any(ln.startswith("  ... ") for ln in capsys.readouterr().out.splitlines())
+    # A pipe whose reader has gone: every write fails (EPIPE).
+    read, write_end = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "asyncsim", "compare", str(a), str(a)],
+                           stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 141 and r.stderr == "", r.stderr

@@ -499,16 +499,40 @@ def test_force_never_pulls_a_folder_from_under_its_writer(tmp_path, capsys):
                  "--force"]) == 0
 
 
-def test_resume_takes_nothing_but_the_folder_and_a_bad_out_is_one_line(tmp_path, capsys):
-    """`run --resume DIR` continues the folder's own scenario: --set, --seed or a scenario
-    file with it would be ignored, so they are refused; an --out that cannot be a folder
-    (an existing file) is one line, not a traceback."""
-    path = _write(tmp_path / "s.toml", TINY)
+def merged_checkpoints(path: Path) -> Path:
+    """``path``'s scenario with a checkpoint every 5 updates, as a file beside it."""
+    d = tomllib.loads(path.read_text())
+    d["run"] = {**d["run"], "checkpoint_every": 5}
+    return _write(path.with_name("ck.toml"), dump_toml(d))
+
+
+def test_resume_takes_the_command_that_started_the_run_and_nothing_else(tmp_path, capsys):
+    """`run --resume DIR` continues the folder's own scenario: the command that started the
+    run may be given again (its scenario file and --out), but a scenario that resolves to
+    another one, --set or --seed without a file, or another --out would be ignored, so they
+    are refused in one line naming what differs; an --out that cannot be a folder (an
+    existing file) is one line, not a traceback."""
+    from asyncsim.api import run
+    from asyncsim.scenario import load_scenario
+
+    path = merged_checkpoints(_write(tmp_path / "s.toml", TINY))
     out = tmp_path / "run"
-    out.mkdir()
-    for extra in (["--set", "seed=3"], ["--seed", "3"], [str(path)]):
-        assert main(["run", "--resume", str(out), *extra, "--quiet"]) == 2
-        assert "--resume: continues the folder's own scenario.toml" in _one_line_error(capsys)
+    with pytest.raises(_Killed):
+        run(load_scenario(path), out=out, monitor=_DieAt(12))
+    cases = {("--set", "seed=3"): "--set change a scenario file, and none is given",
+             ("--seed", "3"): "--seed change a scenario file, and none is given",
+             (str(path), "--seed", "3"): f"holds another scenario than {path} --seed resolves "
+                                         "to (seed)",
+             ("--out", str(tmp_path / "elsewhere")): "--out: names"}
+    for extra, fragment in cases.items():
+        assert main(["run", "--resume", str(out), *extra, "--quiet", "--no-figure"]) == 2
+        err = _one_line_error(capsys)
+        assert err.startswith("asyncsim: error: asyncsim run: ") and fragment in err, err
+    assert not runs.is_complete(out)
+    # The command that started it, given again with --resume: continued to the end.
+    assert main(["run", str(path), "--out", str(out), "--resume", str(out), "--quiet",
+                 "--no-figure"]) == 0
+    assert runs.read_summary(out)["updates"] == 30
     afile = _write(tmp_path / "taken", "not a folder")
     assert main(["run", str(path), "--out", str(afile), "--quiet"]) == 2
     assert f"{afile}: cannot be a run folder" in _one_line_error(capsys)

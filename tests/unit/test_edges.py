@@ -195,3 +195,60 @@ def test_torch_style_with_dampening_has_the_dampened_edge(kind, tau):
     measured = float(edges_of_traces(scn, [simulate(scn)])[0])
     assert measured == pytest.approx(edge(tau, kind, 0.9, dampening=0.5), rel=2e-3)
     assert measured > 1.9 * edge(tau, kind, 0.9)  # not the undampened edge
+
+
+@pytest.mark.parametrize(("protocol", "learners", "kind", "beta", "tau"), [
+    ({"kind": "fixed-delay", "tau": 4}, 5, "none", 0.0, 4),
+    ({"kind": "fixed-delay", "tau": 4}, 5, "heavy-ball", 0.9, 4),
+    # hardsync: every update averages the 3 learners' gradients of one version (c = 3):
+    # plain gradient descent, the edge of tau = 0.
+    ({"kind": "hardsync"}, 3, "none", 0.0, 0),
+])
+def test_the_edge_of_a_runs_own_trace_is_the_closed_form_where_its_delay_is_constant(
+        tmp_path, protocol, learners, kind, beta, tau):
+    """run_edges drives the quadratic with a recorded run's trace: a constant delay's trace
+    has exactly P2's edge (one gradient per update, and c = 3 gradients per update)."""
+    from asyncsim._io import dump_toml
+    from asyncsim.results import open_run
+    from asyncsim.stability.measured import default_steps, run_edges
+
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({"protocol": protocol, "cluster": {"learners": learners},
+                               "run": {"updates": default_steps(tau)}}))
+    assert main(["trace", str(path), "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    run = open_run(tmp_path / "t")
+    row = run_edges(run.scenario, run.trace, [kind], [beta]).iloc[0]
+    # The first updates of a fixed delay see less (nothing older exists yet).
+    assert row["staleness_max"] == tau and round(row["staleness_mean"]) == tau
+    assert row["measured"] == pytest.approx(edge(tau, kind, beta), rel=2e-3)
+    assert row["closed_form_at_mean"] == row["closed_form_at_max"] == pytest.approx(
+        float(edge(tau, kind, beta)))
+
+
+def test_cli_stability_as_rates_and_on_a_runs_trace(tmp_path, capsys):
+    from asyncsim._io import dump_toml
+
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({"cluster": {"learners": 6, "compute": {
+        "dist": "lognormal", "mean": 1.0, "cv": 0.5}}, "protocol": {"kind": "async"},
+        "run": {"updates": 400}}))
+    assert main(["trace", str(path), "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["stability", "--tau", "4", "--momentum", "none", "--sharpness", "10",
+                 "--trace", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = out[0].split()
+    row = dict(zip(header, out[1].split(), strict=True))
+    assert float(row["lr_edge"]) == pytest.approx(float(edge(4)) / 10, rel=1e-5)
+    i = next(i for i, line in enumerate(out) if line.startswith(str(tmp_path / "t")))
+    head = next(j for j in range(i, len(out)) if out[j].split()[:1] == ["momentum"])
+    row = dict(zip(out[head].split(), out[head + 1].split(), strict=True))
+    assert float(row["lr_edge"]) == pytest.approx(float(row["measured"]) / 10, rel=1e-4)
+    from asyncsim.results import open_run
+
+    most = open_run(tmp_path / "t").trace.max_staleness
+    assert float(row["closed_form_at_max"]) == pytest.approx(float(edge(most)), rel=1e-4)
+    for bad in ("0", "-1", "nan"):
+        assert main(["stability", "--sharpness", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--sharpness: must be a positive finite number" in err

@@ -69,8 +69,8 @@ def test_the_schema_names_every_field_asyncsim_writes(folders):
             "down_periods", "up_fraction", "environment_changes"} <= seen
     run = RunFolder(folders["run"])
     assert list(run.evals.columns) == list(EVAL_COLUMNS)
-    assert run.num_params() == sum(a.size for a in run.params().values()) > 0
-    assert run.updates(["train_loss"]).shape == (12, 1)
+    assert run.num_params() == sum(a.size for a in run.params.values()) > 0
+    assert run.updates["train_loss"].shape == (12,)
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:
@@ -295,3 +295,58 @@ def test_a_real_checkpoints_trace_is_checked_before_a_resume(tmp_path):
     with pytest.raises(DamagedFile, match="checkpoint.npz: does not match its recorded "
                                           "trace_hash .*pass --force to start over"):
         check_checkpoint(out, scn)
+
+
+# ------------------------------------------------------------------------ open_run, open_sweep
+def test_open_run_reads_every_kind_of_folder_without_jax(folders):
+    """A notebook's view of run folders: nothing here imports JAX, the parameters included
+    (checked in a fresh process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, asyncsim; r = asyncsim.open_run(sys.argv[1]); "
+            "print(r.kind, r.state, r.summary['updates'], len(r.evals), r.trace.num_updates, "
+            "len(r.params), len(r.updates), 'jax' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, str(folders["run"])], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["online", "complete", "12", "4", "12", "4", "12", "False"]
+    import asyncsim
+
+    replay = asyncsim.open_run(folders["replay"])
+    assert (replay.kind, replay.summary["matches_source"]) == ("replay", True)
+    trace = asyncsim.open_run(folders["trace"])
+    assert trace.kind == "trace" and trace.trace.num_down > 0 and not trace.has_evals
+
+
+def test_open_run_and_open_sweep_refuse_what_they_are_not(folders, tmp_path):
+    import asyncsim
+    from asyncsim.runs import RunFolderError
+
+    with pytest.raises(RunFolderError, match="a sweep folder; use asyncsim.open_sweep"):
+        asyncsim.open_run(folders["sweep"])
+    with pytest.raises(RunFolderError, match="a run folder, not a sweep"):
+        asyncsim.open_sweep(folders["run"])
+    with pytest.raises(RunFolderError, match="no such folder"):
+        asyncsim.open_run(tmp_path / "nothing")
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(RunFolderError, match="not a run folder"):
+        asyncsim.open_run(tmp_path / "notes")
+
+
+def test_open_sweep_is_one_row_per_point_with_its_keys_and_every_summary_scalar(folders):
+    import asyncsim
+
+    sweep = asyncsim.open_sweep(folders["sweep"])
+    assert sweep.keys == ["optimizer.lr"]
+    t = sweep.table
+    assert t["point"].tolist() == ["p000", "p001"] and t["optimizer.lr"].tolist() == [0.01, 0.02]
+    index = pd.read_csv(folders["sweep"] / "index.csv")
+    for col in ("final_test_error", "staleness_p99", "param_hash", "updates"):
+        assert t[col].tolist() == index[col].tolist(), col  # the index has every scalar too
+    for run, row in zip(sweep.points(), t.itertuples(), strict=True):
+        assert row.final_test_error == run.summary["final_test_error"]
+    ev = sweep.evals()
+    assert list(ev.columns[:2]) == ["point", "optimizer.lr"] and len(ev) == 2 * 2
+    last = ev.groupby("optimizer.lr")["test_error"].last()
+    assert last.tolist() == t["final_test_error"].tolist()

@@ -154,3 +154,38 @@ def test_a_tau_sweep_moves_the_fixed_delay_worker_count():
         tr = simulate(it["scenario"])
         tau = it["scenario"].protocol.options["tau"]
         assert (tr.staleness[tau:] == tau).all()
+
+
+def test_a_sweep_over_whole_tables_replaces_the_table_at_each_point(tmp_path):
+    """``[sweep] protocol = [{...}, {...}]``: each point's protocol is the listed table (keys
+    it leaves out at their defaults, none of the base table's kept); the same for a nested
+    table (optimizer.momentum) and a delay spec; the index names each point's table."""
+    scn = load_scenario({**BASE, "sweep": {
+        "protocol": [{"kind": "async"}, {"kind": "softsync", "n": 1}],
+        "optimizer.momentum": [{"kind": "none"}, {"kind": "nesterov", "beta": 0.5}]}})
+    items = plan(scn)
+    got = [(it["scenario"].protocol.kind, dict(it["scenario"].protocol.options),
+            it["scenario"].optimizer.momentum.kind, it["scenario"].optimizer.momentum.beta)
+           for it in items]
+    assert got == [("async", {}, "none", 0.9), ("softsync", {"n": 1}, "none", 0.9),
+                   ("async", {}, "nesterov", 0.5), ("softsync", {"n": 1}, "nesterov", 0.5)]
+    index = run_sweep(scn, tmp_path / "w")
+    assert index["protocol"].tolist() == ['{ kind = "async" }', '{ kind = "softsync", n = 1 }'] * 2
+    # A fixed-delay table with its tau moves the worker count as protocol.tau does.
+    fixed = load_scenario({"protocol": {"kind": "fixed-delay", "tau": 1}, "run": {"updates": 10},
+                           "sweep": {"protocol": [{"kind": "fixed-delay", "tau": 3}]}})
+    assert plan(fixed)[0]["scenario"].cluster.learners == 4
+
+
+def test_a_table_of_keys_that_vary_together_says_what_it_takes():
+    """A zipped entry (a label, not a table's name) maps dotted keys: an undotted key in it
+    is named, with the way to replace a whole table."""
+    from asyncsim.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"sweep.setup: sets 'kind': a table of keys that "
+                                            r"vary together maps dotted keys .* \[sweep\] "
+                                            r"protocol ="):
+        load_scenario({**BASE, "sweep": {"setup": [{"kind": "async"}]}})
+    with pytest.raises(ScenarioError, match=r"sweep.foo: must be a dotted key such as "
+                                            r"optimizer.lr, or a table's name \(cluster, "):
+        load_scenario({**BASE, "sweep": {"foo": [1, 2]}})
