@@ -173,12 +173,16 @@ def _run_sweep(scn, out, force, progress, executor, share_traces, trace_only,
 def _write_index(out: Path, items, by_group, share_traces: bool,
                  trace_only: bool) -> pd.DataFrame:
     rows = []
+    # Every point's keys, in the order they first appear: the columns after "point" (a
+    # point of zipped keys that leaves one out has it empty).
+    names = list(dict.fromkeys(k for it in items for k in it["keys"]))
     for it in items:
         folder = out / it["point"]
         complete = runs.is_complete(folder)
         summary = runs.read_summary(folder) if complete else {}
         # A table value (an lr_rule with parameters, a compensation) as its TOML text.
-        keys = {k: _toml_value(v) if isinstance(v, Mapping) else v for k, v in it["keys"].items()}
+        keys = {k: _toml_value(v) if isinstance(v, Mapping) else v
+                for k in names for v in [it["keys"].get(k)]}
         row: dict[str, Any] = {"point": it["point"], **keys, "folder": str(folder),
                                # What ran (an API caller's vmap= may override the file).
                                "sweep_path": summary.get("sweep_path")

@@ -26,17 +26,23 @@ def best(fn: Callable[[], object], repeat: int = 3) -> float:
     return min(times)
 
 
-def best_interleaved(fns: dict[str, Callable[[], object]], repeat: int = 3) -> dict[str, float]:
-    """Best wall time of each function over ``repeat`` rounds that call them in turn, so
-    the ratios between them are measured side by side: a slow spell on a shared machine
-    hits every candidate rather than only the one that happened to run then."""
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int = 3) -> dict[str, list[float]]:
+    """Wall times of each function over ``repeat`` rounds that call them in turn, so the
+    ratios between them are measured side by side: a slow spell on a shared machine hits
+    every candidate rather than only the one that happened to run then (its per-round
+    ratios are the spread a benchmark reports: ``_report.ratios``)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             times[k].append(time.perf_counter() - t0)
-    return {k: min(v) for k, v in times.items()}
+    return times
+
+
+def best_interleaved(fns: dict[str, Callable[[], object]], repeat: int = 3) -> dict[str, float]:
+    """The best of each function's :func:`interleaved` times."""
+    return {k: min(v) for k, v in interleaved(fns, repeat).items()}
 
 
 def peak_rss_mib() -> float:

@@ -44,6 +44,7 @@ import asyncsim  # noqa: E402, F401  (first: it fixes XLA's thread count)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _report import Report  # noqa: E402
 from _util import best, best_interleaved, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
 from asyncsim.api import run, simulate  # noqa: E402
@@ -203,6 +204,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"{'; --tiny times a toy model, so its projection says nothing' if a.tiny else ''}; "
           f"this script: {time.perf_counter() - t_start:.0f} s)")
     rows["P1-F3 paper profile gradients"] = float(total)
+    if argv is None and not a.tiny:  # a toy model's numbers say nothing: not kept
+        kept = Report(f"bench_gpu_{jax.default_backend()}", "The gradient paths at P1's "
+                      f"scale on the {jax.default_backend()} backend "
+                      f"({jax.devices()[0].device_kind}), and the P1-F3 paper profile "
+                      "projected from them")
+        for name, value in rows.items():
+            kept.row(name, value, unit="h" if name.endswith("(h)") else "")
+        kept.save()
     return rows
 
 

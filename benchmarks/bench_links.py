@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import Report  # noqa: E402
+
 from asyncsim.api import simulate  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 
@@ -90,10 +92,18 @@ def main(argv=None) -> dict[str, float]:
             ratios[name].append(t[name] / t[base])
     print(f"{'':<23} {'gradients/CPU s':>15}   x the timed private links' time: median of "
           f"{a.repeat} pairs [range]")
+    report = Report("bench_links", "Trace-only CPU time with the PS's shared interface and "
+                    "learners that come and go, against timed private links, pair by pair")
     for name in rows:
         q = sorted(ratios[name])
         print(f"{name:<23} {a.gradients / best[name]:>15,.0f}   {statistics.median(q):5.2f}x "
               f"[{q[0]:.2f}-{q[-1]:.2f}]")
+        if name != base:
+            report.row(f"lambda = 30 async, {a.gradients:,} gradients: {name} / private links",
+                       statistics.median(q), target=None if name == "free links" else "<= 2",
+                       repeats=q, note="the median of the pairs")
+    if argv is None:
+        report.save()
     return {name: statistics.median(q) for name, q in ratios.items()}
 
 

@@ -19,8 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import Report  # noqa: E402
 
 
 def main() -> None:
@@ -91,7 +96,19 @@ def main() -> None:
                                                     "p99_a", "p99_b", "max_a", "max_b")}
     ray.shutdown()
     print(json.dumps(res, indent=1))
-    (out / "bench.json").write_text(json.dumps(res, indent=1))
+    report = Report("bench_real", f"A real run on a local Ray instance ({args.learners} "
+                    f"learners, {args.updates} async updates of the tiny MLP) against the "
+                    "online simulator doing the same gradient work")
+    report.row("real wall time / online wall time", res["real_over_online"])
+    for tag in ("default", "1thread"):
+        report.row(f"real run, {tag} threads: updates per second", res[f"real_updates_per_s_"
+                                                                      f"{tag}"], unit="1/s")
+        report.row(f"real run, {tag} threads: Ray actors' start-up", res[f"startup_s_{tag}"],
+                   unit="s")
+    for kind in ("empirical", "parametric"):
+        report.row(f"total variation distance of the staleness, real vs its {kind} "
+                   "calibration", res[f"calib_{kind}"]["tv_distance"], unit="distance")
+    report.save()
 
 
 if __name__ == "__main__":

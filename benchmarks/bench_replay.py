@@ -25,9 +25,10 @@ import asyncsim  # noqa: E402, F401  (first: it fixes XLA's thread count)
 # isort: split
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _report import Report, ratios  # noqa: E402
 from _util import (  # noqa: E402
     best,
-    best_interleaved,
+    interleaved,
     peak_rss_mib,
     plain_sgd_loop,
     plain_sgd_scan,
@@ -59,7 +60,7 @@ def async_scn(model, mu, grads, data=None, learners=4):
         "run": {"gradients": grads, "eval_samples": 100}})
 
 
-def replay_vs_plain(name, scn, repeat, *, scan=True):
+def replay_vs_plain(report, name, scn, repeat, *, scan=True):
     """scan=False: skip replay's scan path and time the plain scan once (on 2 CPU cores a
     scan over convolutions is ~20x slower than a loop of jitted steps: ~140 s here)."""
     trace = simulate(scn)
@@ -79,10 +80,12 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
                                                                store="versions").params
     for fn in fns.values():
         jax.block_until_ready(fn())  # compile
-    t = best_interleaved(fns, repeat)
+    rounds = interleaved(fns, repeat)
+    t = {k: min(v) for k, v in rounds.items()}
     if not scan:
         t["replay scan"] = float("inf")
         t["plain scan"] = best(plain_sgd_scan(num, 0.001, batches, mu), 1)
+        rounds["plain scan"] = [t["plain scan"]] * repeat
     fastest = min(t["plain loop"], t["plain scan"])
     path = min(("loop", "scan"), key=lambda p: t[f"replay {p}"])
     _, k = slot_plan(trace)
@@ -100,9 +103,14 @@ def replay_vs_plain(name, scn, repeat, *, scan=True):
           f"{fastest / t[f'replay {path}']:.3f} with the {path} path (target >= 0.9); "
           f"replay adds {extra_ms:+.3f} ms per update ({mbytes:.2f} MiB of parameters)"
           f"{versions}")
+    fastest_rounds = [min(a, b) for a, b in zip(rounds["plain loop"], rounds["plain scan"],
+                                                strict=True)]
+    report.row(f"replay throughput / the fastest plain SGD, {name} ({path} path)",
+               fastest / t[f"replay {path}"], target=">= 0.9",
+               repeats=ratios(fastest_rounds, rounds[f"replay {path}"]))
 
 
-def sweep_vs_single(name, model, repeat):
+def sweep_vs_single(report, name, model, repeat):
     scn = load_scenario({
         "seed": 0, "model": model,
         "data": {"name": "synthetic-cifar", "batch_size": 16, "n_train": 1024, "n_test": 100},
@@ -128,6 +136,8 @@ def sweep_vs_single(name, model, repeat):
                      repeat)
     t_single = min(singles.values())
     t_chosen = vm[path] if mode == "vmapped" else singles[path]
+    report.row(f"16-point lr sweep as sweeps run it / 16 replays on their faster path, {name}",
+               t_chosen / t_single, target="<= 0.5", note=f"sweeps choose {mode} {path}")
     print(f"3. 16-point lr sweep, {name}, 400 async updates at mu=16, eval every 100: "
           f"16 replays loop {singles['loop']:.2f} s / scan {singles['scan']:.2f} s; vmapped "
           f"loop {vm['loop']:.2f} s / scan {vm['scan']:.2f} s; sweeps choose {mode} {path} "
@@ -140,17 +150,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--qs-epochs", type=float, default=1.0)
     a = ap.parse_args()
-    replay_vs_plain("cifar10-full", async_scn({"name": "cifar10-full"}, 32, 64), a.repeat,
+    report = Report("bench_replay", "Replay against plain SGD, online against replay, and "
+                    "sweeps over one trace against one replay per point, side by side")
+    replay_vs_plain(report, "cifar10-full", async_scn({"name": "cifar10-full"}, 32, 64), a.repeat,
                     scan=False)
-    replay_vs_plain("mlp [128]", async_scn({"name": "mlp", "hidden": [128]}, 32, 1000),
+    replay_vs_plain(report, "mlp [128]", async_scn({"name": "mlp", "hidden": [128]}, 32, 1000),
                     a.repeat)
     # The version buffer costs a fixed ~0.1-0.3 ms per update on 2 CPU cores (copying a
     # stale version out for the gradient, the new one in): a 4x larger batch amortises it.
-    replay_vs_plain("mlp [128] at mu=128", async_scn({"name": "mlp", "hidden": [128]}, 128,
-                                                     1000), a.repeat)
+    replay_vs_plain(report, "mlp [128] at mu=128", async_scn({"name": "mlp", "hidden": [128]},
+                                                             128, 1000), a.repeat)
     # Control: one learner, so no stale reads; the scan path then needs no version buffer.
-    replay_vs_plain("mlp [128], 1 learner", async_scn({"name": "mlp", "hidden": [128]}, 32,
-                                                      1000, learners=1), a.repeat)
+    replay_vs_plain(report, "mlp [128], 1 learner", async_scn({"name": "mlp", "hidden": [128]},
+                                                              32, 1000, learners=1), a.repeat)
 
     qs = load_scenario(REPO / "scenarios" / "quickstart.toml",
                        overrides=[f"run.epochs={a.qs_epochs}"])
@@ -165,12 +177,15 @@ def main() -> None:
     print(f"2. quickstart ({a.qs_epochs} epochs, {res.trace.num_updates} updates): online "
           f"{t_online:.2f} s (incl. compile), replay {t_replay:.2f} s -> online/replay "
           f"{t_online / t_replay:.2f}; same param_hash")
+    report.row(f"online / replay of the quickstart ({a.qs_epochs} epochs, compiling included)",
+               t_online / t_replay)
 
-    sweep_vs_single("mlp [32] on 4x4-pooled input (small)",
+    sweep_vs_single(report, "mlp [32] on 4x4-pooled input (small)",
                     {"name": "mlp", "hidden": [32], "input_pool": 4}, a.repeat)
-    sweep_vs_single("mlp [32] on the full 3072 input", {"name": "mlp", "hidden": [32]},
+    sweep_vs_single(report, "mlp [32] on the full 3072 input", {"name": "mlp", "hidden": [32]},
                     a.repeat)
     print(f"peak memory (max RSS): {peak_rss_mib():.0f} MiB")
+    report.save()
 
 
 if __name__ == "__main__":

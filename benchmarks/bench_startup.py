@@ -34,6 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import Report  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 IMPORTS = {"ml_dtypes": "import ml_dtypes", "jax": "import jax", "pandas": "import pandas",
            "matplotlib (figures)": "import matplotlib.figure, matplotlib.backends.backend_agg",
@@ -120,6 +124,11 @@ def main(argv=None) -> dict[str, list[float]]:
     for name, ts in times.items():
         print(f"{name:<28} {min(ts):>7.2f}s {statistics.median(ts):>7.2f}s")
     print(f"{'':<28} {'bests':>8} {'medians':>8}   {'per round: median [range]'}")
+    report = Report("bench_startup", f"A run's wall time from the shell, cold and warm "
+                    f"compilation cache ({label})")
+    for name in ("cold", "warm", "warm, --no-figure"):
+        report.row(f"{name}: asyncsim run to exit", min(times[name]), unit="s",
+                   repeats=times[name])
     for suffix in ("", ", --no-figure"):
         cold, warm = times[f"cold{suffix}"], times[f"warm{suffix}"]
         # Each round's warm run follows its cold one: their ratio, pair by pair, moves less
@@ -129,6 +138,13 @@ def main(argv=None) -> dict[str, list[float]]:
               f"{statistics.median(warm) / statistics.median(cold):>8.2f}   "
               f"{statistics.median(rounds):.2f} [{rounds[0]:.2f}-{rounds[-1]:.2f}]"
               "   (target <= 0.35)")
+        report.row(f"warm / cold{suffix}", statistics.median(rounds), target="<= 0.35",
+                   repeats=rounds, note="per round, the median")
+    for name in IMPORTS:
+        report.row(f"import {name}", min(times[f"import {name}"]), unit="s",
+                   repeats=times[f"import {name}"])
+    if argv is None:
+        report.save()
     import ml_dtypes  # after the timings: this process's own import is not measured
 
     print(f"ml_dtypes {ml_dtypes.__version__}")

@@ -14,11 +14,17 @@ trace costs, the hash check that :meth:`asyncsim.trace.Trace.load` makes include
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import simpy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import Report
 
 from asyncsim.api import simulate
 from asyncsim.scenario import load_scenario
@@ -78,19 +84,29 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
-    tb = min(bare(100, a.events) for _ in range(a.repeat))
-    to = min(ours(100, a.events)[0] for _ in range(a.repeat))
+    report = Report("bench_trace", "Trace-only simulation against a bare SimPy loop of the "
+                    "same shape; the 1,000-learner run; loading a saved trace")
+    # Side by side, round by round: a slow spell hits both in its round.
+    rounds = [(bare(100, a.events), ours(100, a.events)[0]) for _ in range(a.repeat)]
+    tb, to = (min(r[i] for r in rounds) for i in (0, 1))
     print(f"lambda=100 async exponential, {a.events:,} gradient events (best of {a.repeat}):")
     print(f"  bare SimPy loop : {a.events / tb:>12,.0f} events/s  ({tb:.2f} s)")
     print(f"  asyncsim trace  : {a.events / to:>12,.0f} events/s  ({to:.2f} s)")
     print(f"  ratio asyncsim/bare = {tb / to:.2f}   (target >= 0.5)")
+    report.row(f"trace-only, lambda = 100 async, {a.events:,} events: asyncsim / bare SimPy "
+               "events per second", tb / to, target=">= 0.5", repeats=[b / o for b, o in rounds])
     if a.big:
         t, trace = ours(1000, a.big)
         print(f"lambda=1000 x {a.big:,} gradients: {t:.1f} s "
               f"({a.big / t:,.0f} events/s; target < 60 s)")
+        report.row(f"trace-only, lambda = 1000 x {a.big:,} gradients", t, unit="s",
+                   target="< 60")
         load, digest = load_cost(trace, a.repeat)
         print(f"  Trace.load of its folder: {1e3 * load:.0f} ms, of which the trace_hash "
               f"check {1e3 * digest:.0f} ms ({100 * digest / load:.0f}%)")
+        report.row("Trace.load of that trace's folder, the trace_hash check included",
+                   load, unit="s", note=f"the check: {1e3 * digest:.0f} ms")
+    report.save()
 
 
 if __name__ == "__main__":

@@ -32,8 +32,23 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
                        help="scale the scenario (smoke: seconds; paper: the papers' setup)")
 
 
+def _verb(sub, name: str, about: str) -> argparse.ArgumentParser:
+    """A verb's parser; ``about`` is its line in ``asyncsim --help`` and heads its own."""
+    return sub.add_parser(name, help=about, description=about)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's whole surface: the verbs in the order ``asyncsim --help`` lists them."""
+    return _build()[0]
+
+
+def verb_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each verb's parser, in the order ``asyncsim --help`` lists them (the CLI reference,
+    :mod:`asyncsim.cli.reference`, is written from them)."""
+    return dict(_build()[1].choices)
+
+
+def _build():
     from asyncsim import __version__
 
     ap = _Parser(prog="asyncsim", description=_DESCRIPTION)
@@ -44,16 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_real_verbs(sub)
     _add_replay_verb(sub)
     _add_inspection_verbs(sub)
-    return ap
+    return ap, sub
 
 
 def _add_run_verbs(sub) -> None:
     """``trace`` and ``run``: a scenario simulated, timing only or with real gradients."""
-    p = sub.add_parser("trace", help="simulate timing only and write the run folder")
+    p = _verb(sub, "trace", "simulate timing only and write the run folder")
     _add_scenario_args(p)
     p.set_defaults(func="commands:cmd_trace")
 
-    p = sub.add_parser("run", help="simulate with real gradients (online driver)")
+    p = _verb(sub, "run", "simulate with real gradients (online driver)")
     _add_scenario_args(p, optional=True)
     p.add_argument("--resume", metavar="DIR", help="continue an unfinished run folder")
     p.add_argument("--ray", action="store_true",
@@ -66,20 +81,19 @@ def _add_run_verbs(sub) -> None:
 def _add_real_verbs(sub) -> None:
     """``real``, ``calibrate`` and ``compare``: a run on Ray, and its timing set against the
     simulator's."""
-    p = sub.add_parser("real", help="a real distributed run on Ray (learner and PS actors)")
+    p = _verb(sub, "real", "a real distributed run on Ray (learner and PS actors)")
     _add_scenario_args(p, optional=True)
     p.add_argument("--address", help="join an existing Ray cluster (default: start a local one)")
     p.add_argument("--resume", metavar="DIR", help="continue a real run from its checkpoint")
     p.set_defaults(func="real:cmd_real")
 
-    p = sub.add_parser("calibrate",
-                       help="fit timing models to a real run's trace; write a scenario")
+    p = _verb(sub, "calibrate", "fit timing models to a real run's trace; write a scenario")
     p.add_argument("run_dir")
     p.add_argument("--out", help="scenario to write (default: RUN_DIR/calibrated.toml)")
     p.add_argument("--kind", choices=("empirical", "parametric"), default="empirical")
     p.set_defaults(func="real:cmd_calibrate")
 
-    p = sub.add_parser("compare", help="compare two runs' staleness distributions")
+    p = _verb(sub, "compare", "compare two runs' staleness distributions")
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("--figure", metavar="PNG", help="draw both distributions")
@@ -90,7 +104,7 @@ def _add_real_verbs(sub) -> None:
 
 def _add_replay_verb(sub) -> None:
     """``replay``: a recorded trace re-executed with the update core."""
-    p = sub.add_parser("replay", help="re-execute a recorded trace with the update core")
+    p = _verb(sub, "replay", "re-execute a recorded trace with the update core")
     p.add_argument("run_dir", help="the run folder whose trace to replay")
     p.add_argument("--out", help="replay folder (default: RUN_DIR/replay)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -109,11 +123,11 @@ def _add_replay_verb(sub) -> None:
 def _add_inspection_verbs(sub) -> None:
     """``show``, ``stability``, ``timeline`` and ``figures``: what a run folder holds,
     closed forms and figures, without simulating."""
-    p = sub.add_parser("show", help="what a run or sweep folder holds, and how to go on")
+    p = _verb(sub, "show", "what a run or sweep folder holds, and how to go on")
     p.add_argument("path", help="a run folder or a sweep folder")
     p.set_defaults(func="commands:cmd_show")
 
-    p = sub.add_parser("stability", help="stability edges of delayed SGD (P2)")
+    p = _verb(sub, "stability", "stability edges of delayed SGD (P2)")
     p.add_argument("--tau", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32],
                    help="the constant delays of the table's rows")
     p.add_argument("--momentum", nargs="+", default=["none", "heavy-ball", "dampened", "shifted"],
@@ -131,7 +145,7 @@ def _add_inspection_verbs(sub) -> None:
     p.add_argument("--figure", metavar="PNG", help="write a figure of the edges")
     p.set_defaults(func="stability:stability_command")
 
-    p = sub.add_parser("timeline", help="a Gantt chart of a run folder, from its trace alone")
+    p = _verb(sub, "timeline", "a Gantt chart of a run folder, from its trace alone")
     p.add_argument("run_dir", help="a run folder (simulated, replayed or real)")
     p.add_argument("--figure", metavar="PNG", help="where to draw it (default: "
                    "RUN_DIR/timeline.png; its intervals beside it as .csv)")
@@ -140,7 +154,7 @@ def _add_inspection_verbs(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no utilisation table")
     p.set_defaults(func="commands:cmd_timeline")
 
-    p = sub.add_parser("figures", help="draw figures from existing run folders only")
+    p = _verb(sub, "figures", "draw figures from existing run folders only")
     p.add_argument("names", nargs="*", help="figure names (default: all)")
     p.add_argument("--runs", default="runs", help="folder holding the run folders")
     p.add_argument("--out", default=None,

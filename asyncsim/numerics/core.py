@@ -161,6 +161,21 @@ def make_core(
     """Build the PS update core for an optimizer configuration: the chain of
     :func:`core_pieces`, with the all-padding guard, as an ``(init, apply)`` pair.
 
+    ``apply(state, grads, *, staleness, learner_ids, step, mask=None, read_params=None)`` is
+    one PS update:
+
+    * ``grads``: a pytree like ``params`` whose leaves have a leading axis ``c`` -- the
+      c gradients of this update, each a learner's mean mini-batch gradient.
+    * ``staleness``: int ``[c]``, tau_l = (PS version at apply) - (version read at pull).
+    * ``learner_ids``: int ``[c]``, who computed each gradient (shifted momentum).
+    * ``step``: the PS version at which the update is applied (0 for the first); may be
+      traced. It drives the schedule only.
+    * ``mask``: bool ``[c]`` or None; False marks a padding slot that contributes nothing
+      and is not counted in c. An update whose slots are all padding leaves params and
+      momentum unchanged.
+    * ``read_params``: like ``grads``, the version each gradient was computed on; needed by
+      ``opt.compensation`` only.
+
     Args:
         opt: learning rate alpha0, rule, momentum (kind, beta, style, dampening), weight
             decay (with per-prefix multipliers and a scope), schedule, transform and
@@ -172,26 +187,14 @@ def make_core(
             needed only by ``opt.lr_staleness = "nominal"``.
 
     Returns:
-        An :class:`UpdateCore` ``(init, apply)``. ``apply(state, grads, *, staleness,
-        learner_ids, step, mask=None, read_params=None)`` is one PS update:
-
-        * ``grads``: a pytree like ``params`` whose leaves have a leading axis ``c`` -- the
-          c gradients of this update, each a learner's mean mini-batch gradient.
-        * ``staleness``: int ``[c]``, tau_l = (PS version at apply) - (version read at pull).
-        * ``learner_ids``: int ``[c]``, who computed each gradient (shifted momentum).
-        * ``step``: the PS version at which the update is applied (0 for the first); may
-          be traced. It drives the schedule only.
-        * ``mask``: bool ``[c]`` or None; False marks a padding slot that contributes
-          nothing and is not counted in c. An update whose slots are all padding leaves
-          params and momentum unchanged.
-        * ``read_params``: like ``grads``, the version each gradient was computed on;
-          needed by ``opt.compensation`` only.
+        An :class:`UpdateCore` ``(init, apply)``, ``apply`` as above.
 
     Raises:
-        ValueError (a :class:`~asyncsim.errors.ScenarioError` where a config key is at
-        fault): unknown rule, momentum kind, style or scope, a dampening that does not fit
-        the kind, epoch-based schedule without ``updates_per_epoch``, both warm-up settings
-        given, ``"nominal"`` staleness without a nominal delay, ``num_learners < 1``.
+        ValueError: unknown rule, momentum kind, style or scope, a dampening that does not
+            fit the kind, epoch-based schedule without ``updates_per_epoch``, both warm-up
+            settings given, ``"nominal"`` staleness without a nominal delay,
+            ``num_learners < 1`` (a :class:`~asyncsim.errors.ScenarioError`, which is a
+            ValueError, where a config key is at fault).
     """
     steps = unless_all_padding(chain(*core_pieces(
         opt, num_learners=num_learners, updates_per_epoch=updates_per_epoch,

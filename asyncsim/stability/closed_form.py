@@ -272,7 +272,8 @@ def _nesterov_edge(tau: np.ndarray, beta: np.ndarray) -> np.ndarray:
     return out
 
 
-def edge(tau, momentum: str = "none", beta=0.0, *, dampening: float = 0.0):
+def edge(tau: int | np.ndarray, momentum: str = "none", beta: float | np.ndarray = 0.0, *,
+         dampening: float = 0.0) -> float | np.ndarray:
     """Largest stable ``η·λ`` at constant delay τ: sup of ``x`` with spectral radius < 1 on (0, x).
 
     Args:
@@ -284,11 +285,11 @@ def edge(tau, momentum: str = "none", beta=0.0, *, dampening: float = 0.0):
             ``d = β`` already; Nesterov and plain SGD take none.
 
     Returns:
-        The edge in units of the raw rate ``η`` times λ (float for scalar inputs, else an array
-        of the broadcast shape). ``"none"``: ``2 sin(π/(4τ+2))`` (P2). ``"heavy-ball"`` and
-        ``"shifted"``: smallest unit-circle crossing (module docstring), exact to ~1e-13
-        relative. ``"dampened"``: heavy-ball edge ``/(1 − β)``. ``"nesterov"``: the same
-        crossing, found by scanning the circle (:func:`_nesterov_edge`).
+        The edge in units of the raw rate ``η`` times λ (float for scalar inputs, else an
+            array of the broadcast shape). ``"none"``: ``2 sin(π/(4τ+2))`` (P2).
+            ``"heavy-ball"`` and ``"shifted"``: smallest unit-circle crossing (module
+            docstring), exact to ~1e-13 relative. ``"dampened"``: heavy-ball edge
+            ``/(1 − β)``. ``"nesterov"``: the same crossing, found by scanning the circle.
     """
     _check_kind(momentum)
     tau_b, beta_b = np.broadcast_arrays(np.asarray(tau, dtype=float),
