@@ -288,8 +288,9 @@ def cmd_show(args) -> int:
               f"{', '.join(sweep.keys) or '(none)'}")
         for (name, state), row in zip(states, sweep.index.itertuples(index=False),
                                       strict=True):
-            keys = " ".join(f"{k}={v}" for k, v in zip(sweep.keys, row[1:1 + len(sweep.keys)],
-                                                        strict=True))
+            # A key this point leaves out (zipped keys) is empty in the index: not shown.
+            keys = " ".join(f"{k}={_cell(v)}" for k, v in zip(
+                sweep.keys, row[1:1 + len(sweep.keys)], strict=True) if v == v)
             print(f"  {name}  {keys}  {state}")
         return 0
     run = open_run(path)
@@ -305,6 +306,11 @@ def cmd_show(args) -> int:
     else:
         print(f"  {runs.unfinished_advice(path)}")
     return 0
+
+
+def _cell(v):
+    """An index value as the sweep listed it: 30, not the 30.0 a column with gaps holds."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 _LABELS = {"online": "a run (simulated, online)", "replay": "a replay", "real": "a real run",

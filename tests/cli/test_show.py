@@ -45,6 +45,10 @@ def made(tmp_path_factory):
                  "--no-figure"]) == 0
     (root / "w.toml").write_text(dump_toml(merged(scn, sweep={"optimizer.lr": [0.01, 0.02]})))
     assert main(["run", str(root / "w.toml"), "--out", str(root / "sweep"), "--quiet"]) == 0
+    zipped = merged(scn, sweep={"setup": [{"protocol.kind": "hardsync"},
+                                          {"protocol.kind": "softsync", "protocol.n": 3}]})
+    (root / "z.toml").write_text(dump_toml(zipped))
+    assert main(["run", str(root / "z.toml"), "--out", str(root / "zipped"), "--quiet"]) == 0
     return root
 
 
@@ -83,6 +87,10 @@ def test_a_sweep_is_one_line_per_point(made, capsys):
     assert rc == 0
     assert lines == [f"{made / 'sweep'}: a sweep of 2 points (2 complete); keys optimizer.lr",
                      "  p000  optimizer.lr=0.01  complete", "  p001  optimizer.lr=0.02  complete"]
+    # Zipped keys: a key a point leaves out is not shown, an integer is shown as one.
+    rc, lines, _ = _show(capsys, made / "zipped")
+    assert lines[1:] == ["  p000  protocol.kind=hardsync  complete",
+                         "  p001  protocol.kind=softsync protocol.n=3  complete"]
 
 
 def test_anything_else_or_a_damaged_folder_is_one_line(made, tmp_path, capsys):
