@@ -35,6 +35,27 @@ TINY = {"name": "tiny", "seed": 7, "model": {"name": "mlp", "hidden": [16]},
         "optimizer": {"lr": 0.05}, "run": {"updates": 30, "eval_every": 10}}
 
 
+class Killed(Exception):
+    """What :class:`DieAt` raises: a run killed in process."""
+
+
+class DieAt:
+    """A run's monitor that kills it (in process, so the point is exact) at update ``at``,
+    after the checkpoints its scenario takes before then: an unfinished run folder."""
+
+    every = 1
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def observe(self, driver, version):
+        if version >= self.at:
+            raise Killed(version)
+
+    def finish(self, driver):
+        return {}
+
+
 def merged(base: dict, **tables) -> dict:
     """``base`` with ``tables`` laid over it, tables merged one level deep."""
     d = copy.deepcopy(base)

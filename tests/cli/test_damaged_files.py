@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY as TINY_SCENARIO
+from conftest import DieAt, Killed
 
 from asyncsim._io import DamagedFile, dump_toml, read_csv
 from asyncsim.cli import main
@@ -38,21 +39,6 @@ DAMAGE = {
 }
 
 
-class _Killed(Exception):
-    pass
-
-
-class _DieAt:
-    every = 1
-
-    def observe(self, driver, version):
-        if version >= 25:
-            raise _Killed(version)
-
-    def finish(self, driver):
-        return {}
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """A complete run where `asyncsim figures quickstart --profile smoke` finds it, and an
@@ -68,8 +54,8 @@ def pristine(tmp_path_factory):
     complete = root / "runs" / "quickstart-smoke" / "seed7"
     assert main(["run", str(path), "--out", str(complete), "--quiet", "--no-figure"]) == 0
     unfinished = root / "unfinished"
-    with pytest.raises(_Killed):
-        run(load_scenario(path), out=unfinished, monitor=_DieAt())
+    with pytest.raises(Killed):
+        run(load_scenario(path), out=unfinished, monitor=DieAt(25))
     return complete, unfinished
 
 

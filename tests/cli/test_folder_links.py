@@ -18,25 +18,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY, merged
+from conftest import TINY, DieAt, Killed, merged
 
 from asyncsim._io import dump_toml
 from asyncsim.cli import main
-
-
-class _Killed(Exception):
-    pass
-
-
-class _DieAt:
-    every = 1
-
-    def observe(self, driver, version):
-        if version >= 25:
-            raise _Killed(version)
-
-    def finish(self, driver):
-        return {}
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +37,8 @@ def made(tmp_path_factory) -> dict[str, Path]:
                                                "checkpoint_every": 10})))
     complete = root / "runs" / "quickstart-smoke" / "seed7"
     assert main(["run", str(scn), "--out", str(complete), "--quiet", "--no-figure"]) == 0
-    with pytest.raises(_Killed):
-        run(load_scenario(scn), out=root / "unfinished", monitor=_DieAt())
+    with pytest.raises(Killed):
+        run(load_scenario(scn), out=root / "unfinished", monitor=DieAt(25))
     assert main(["trace", str(scn), "--out", str(root / "trace"), "--quiet"]) == 0
     return {"scenario": scn, "complete": complete, "unfinished": root / "unfinished",
             "trace": root / "trace"}

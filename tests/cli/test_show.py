@@ -7,25 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY, merged
+from conftest import TINY, DieAt, Killed, merged
 
 from asyncsim._io import dump_toml
 from asyncsim.cli import main
-
-
-class _Killed(Exception):
-    pass
-
-
-class _DieAt:
-    every = 1
-
-    def observe(self, driver, version):
-        if version >= 9:
-            raise _Killed(version)
-
-    def finish(self, driver):
-        return {}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +23,8 @@ def made(tmp_path_factory):
     (root / "s.toml").write_text(dump_toml(scn))
     assert main(["run", str(root / "s.toml"), "--out", str(root / "complete"), "--quiet",
                  "--no-figure"]) == 0
-    with pytest.raises(_Killed):
-        run(load_scenario(scn), out=root / "unfinished", monitor=_DieAt())
+    with pytest.raises(Killed):
+        run(load_scenario(scn), out=root / "unfinished", monitor=DieAt(9))
     (root / "hot.toml").write_text(dump_toml(merged(scn, optimizer={"lr": 1e9})))
     assert main(["run", str(root / "hot.toml"), "--out", str(root / "diverged"), "--quiet",
                  "--no-figure"]) == 0

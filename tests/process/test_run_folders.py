@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import TINY as TINY_SCENARIO
+from conftest import DieAt, Killed
 
 from asyncsim import runs
 from asyncsim._io import dump_toml
@@ -101,26 +102,6 @@ def test_a_rerun_sweep_never_reuses_a_stale_shared_trace(tmp_path, capsys):
     capsys.readouterr()
 
 
-class _Killed(Exception):
-    pass
-
-
-class _DieAt:
-    """A monitor that kills the run (in process, so the point is exact) at update ``at``."""
-
-    every = 1
-
-    def __init__(self, at: int):
-        self.at = at
-
-    def observe(self, driver, version):
-        if version >= self.at:
-            raise _Killed(version)
-
-    def finish(self, driver):
-        return {}
-
-
 @pytest.mark.parametrize("edit,keys", [
     (lambda t: t.replace("updates = 40", "updates = 60"), "run.updates"),
     (lambda t: t.replace("hidden = [16]", "hidden = [32]"), "model.hidden"),
@@ -139,8 +120,8 @@ def test_resume_refuses_a_scenario_edited_since_the_checkpoint(tmp_path, capsys,
 
     scn = tiny(run={"updates": 40, "eval_every": 10, "checkpoint_every": 10})
     out = tmp_path / "run"
-    with pytest.raises(_Killed):
-        run(scn, out=out, monitor=_DieAt(25))
+    with pytest.raises(Killed):
+        run(scn, out=out, monitor=DieAt(25))
     assert (out / "checkpoint.npz").exists()
     toml = out / "scenario.toml"
     toml.write_text(edit(toml.read_text()))
@@ -412,8 +393,8 @@ def test_a_folder_with_a_relative_input_replays_resumes_and_reruns_after_moving(
     full = tmp_path / "full"
     assert main(["run", str(path), "--out", str(full), "--quiet", "--no-figure"]) == 0
     out = tmp_path / "run"
-    with pytest.raises(_Killed):
-        run(load_scenario(path), out=out, monitor=_DieAt(25))
+    with pytest.raises(Killed):
+        run(load_scenario(path), out=out, monitor=DieAt(25))
     saved = tomllib.loads((out / "scenario.toml").read_text())
     name = saved["cluster"]["compute"]["path"]
     assert name.startswith("inputs/") and name.endswith("-delays.csv")
@@ -517,8 +498,8 @@ def test_resume_takes_the_command_that_started_the_run_and_nothing_else(tmp_path
 
     path = merged_checkpoints(_write(tmp_path / "s.toml", TINY))
     out = tmp_path / "run"
-    with pytest.raises(_Killed):
-        run(load_scenario(path), out=out, monitor=_DieAt(12))
+    with pytest.raises(Killed):
+        run(load_scenario(path), out=out, monitor=DieAt(12))
     cases = {("--set", "seed=3"): "--set change a scenario file, and none is given",
              ("--seed", "3"): "--seed change a scenario file, and none is given",
              (str(path), "--seed", "3"): f"holds another scenario than {path} --seed resolves "

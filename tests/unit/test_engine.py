@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import Killed
 from hypothesis import HealthCheck, given, settings
 
 from asyncsim import testing
@@ -327,10 +328,6 @@ def _ckpt_version(folder) -> int:
     return checkpoint_meta(folder)["version"] if (folder / CKPT).exists() else -1
 
 
-class _Killed(Exception):
-    pass
-
-
 class _KillAt:
     """The scenario's monitor, dying at update ``at``: a run killed after its checkpoints
     before ``at`` (in process, so the point is exact)."""
@@ -340,7 +337,7 @@ class _KillAt:
 
     def observe(self, driver, version):
         if version >= self.at:
-            raise _Killed(version)
+            raise Killed(version)
         self.inner.observe(driver, version)
 
     def state(self):
@@ -366,7 +363,7 @@ def test_resumed_run_writes_what_the_uninterrupted_one_does(tmp_path, tiny):
                measure={"sharpness_points": 8, "sharpness_samples": 32})
     ref = run(scn, out=tmp_path / "full")
     killed = tmp_path / "killed"
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         run(scn, out=killed, monitor=_KillAt(monitor_for(scn), at=25))
     assert not (killed / "summary.json").exists() and _ckpt_version(killed) == 20
     resumed = run(scn, out=killed, resume=True)

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pandas as pd
 import pytest
-from conftest import TINY, merged
+from conftest import TINY, Killed, merged
 
 from asyncsim.api import replay_folder, run
 from asyncsim.drivers.build import numerics_for
@@ -518,10 +518,6 @@ def test_bad_remedy_options_are_one_line_errors_naming_the_key(optimizer, key, f
 
 
 # ============================================================ 6. checkpoints
-class _Killed(Exception):
-    pass
-
-
 def test_resume_keeps_the_transform_and_compensation_state(tmp_path):
     """A run killed after its checkpoint at update 10 resumes to the uninterrupted run's
     hash: the checkpoint holds Adam's moments and gap-aware's statistics (equal leaf by leaf
@@ -535,10 +531,10 @@ def test_resume_keeps_the_transform_and_compensation_state(tmp_path):
 
     def die(version, state):
         if version >= 13:
-            raise _Killed(version)
+            raise Killed(version)
 
     killed = tmp_path / "killed"
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         run(scn, out=killed, monitor=Observer(die), progress=False)
     assert not (killed / "summary.json").exists()
     template = numerics_for(scn).init_state()

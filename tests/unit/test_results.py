@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY, merged
+from conftest import TINY, DieAt, Killed, merged
 
 from asyncsim._io import DamagedFile, dump_toml
 from asyncsim.cli import main
@@ -84,20 +84,15 @@ def _with(path: Path, **fields) -> None:
     path.write_text(json.dumps({**d, **fields}))
 
 
-@pytest.mark.parametrize("field", sorted(SUMMARY_FIELDS))
-def test_every_summary_field_of_the_wrong_type_is_one_line(folders, tmp_path, field):
+@pytest.mark.parametrize("record,field", [("summary", f) for f in sorted(SUMMARY_FIELDS)]
+                         + [("provenance", f) for f in sorted(PROVENANCE_FIELDS)])
+def test_every_checked_field_of_the_wrong_type_is_one_line(folders, tmp_path, record, field):
+    """A table where a field holds anything else: every field summary.json and
+    provenance.json are checked for is refused, naming the file and the field."""
     run_dir = _copy(folders["run"], tmp_path)
-    _with(run_dir / "summary.json", **{field: {"a": [1]}})
-    with pytest.raises(DamagedFile, match=rf"summary.json: damaged \({field}: must be"):
-        RunFolder(run_dir).summary  # noqa: B018
-
-
-@pytest.mark.parametrize("field", sorted(PROVENANCE_FIELDS))
-def test_every_provenance_field_of_the_wrong_type_is_one_line(folders, tmp_path, field):
-    run_dir = _copy(folders["run"], tmp_path)
-    _with(run_dir / "provenance.json", **{field: {"a": [1]}})
-    with pytest.raises(DamagedFile, match=rf"provenance.json: damaged \({field}"):
-        RunFolder(run_dir).provenance  # noqa: B018
+    _with(run_dir / f"{record}.json", **{field: {"a": [1]}})
+    with pytest.raises(DamagedFile, match=rf"{record}.json: damaged \({field}: must be"):
+        getattr(RunFolder(run_dir), record)
 
 
 @pytest.mark.parametrize("field,value,why", [
@@ -259,20 +254,10 @@ def test_a_real_checkpoints_trace_is_checked_before_a_resume(tmp_path):
     from asyncsim.drivers.checkpoint import CKPT, check_checkpoint, checkpoint_trace
     from asyncsim.scenario import load_scenario
 
-    class Die:
-        every = 1
-
-        def observe(self, driver, version):
-            if version >= 7:
-                raise KeyboardInterrupt
-
-        def finish(self, driver):
-            return {}
-
     scn = load_scenario(merged(TINY, run={"updates": 12, "checkpoint_every": 3}))
     out = tmp_path / "unfinished"
-    with pytest.raises(KeyboardInterrupt):
-        run(scn, out=out, monitor=Die())
+    with pytest.raises(Killed):
+        run(scn, out=out, monitor=DieAt(7))
     path = out / CKPT
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
