@@ -193,3 +193,31 @@ def test_asyncsim_figures_finds_a_single_run_scenarios_run_folder(tmp_path, monk
         run = tmp_path / "runs" / "quickstart-smoke" / "seed0"
         pd.testing.assert_frame_equal(pd.read_csv(out / "quickstart.csv"),
                                       pd.read_csv(run / "eval.csv"))
+
+
+def test_open_sweep_reads_the_numbers_the_figure_plots(smoke_sweep):
+    """asyncsim.open_sweep on a figure's sweep: one row per point, its keys beside its
+    summary; P1-F3's table is the same final errors, and its learning curves the same
+    evaluations, as the figure's CSVs."""
+    import asyncsim
+
+    name, out = smoke_sweep
+    sweep = asyncsim.open_sweep(out)
+    index = pd.read_csv(out / "index.csv")
+    assert len(sweep.table) == len(index) and sweep.keys == [
+        c for c in index.columns[1:list(index.columns).index("folder")]]
+    assert sweep.table["final_test_error"].tolist() == index["final_test_error"].tolist()
+    if name != "p1_f3_lr_modulation":
+        return
+    t = sweep.table
+    figure = pd.read_csv(out / "figures" / f"{name}_table.csv")
+    soft = t[t["protocol.kind"] == "softsync"]
+    for row in soft.to_dict("records"):
+        drawn = figure[(figure["rule"] == row["optimizer.lr_rule"])
+                       & (figure["setup"] == f"{int(row['protocol.n'])}-softsync")]
+        assert drawn["final_test_error_mean"].tolist() == [row["final_test_error"]]
+    curves = pd.read_csv(out / "figures" / f"{name}.csv")
+    ev = sweep.evals()
+    mine = ev[ev["protocol.kind"] == "softsync"].set_index(["optimizer.lr_rule", "epoch"])
+    theirs = curves[curves["setup"] != "hardsync"].set_index(["rule", "epoch"])
+    assert mine["test_error"].sort_index().tolist() == theirs["test_error"].sort_index().tolist()
