@@ -282,7 +282,7 @@ def cmd_show(args) -> int:
     path = Path(args.path)
     if (path / "index.csv").exists():
         sweep = open_sweep(path)
-        states = [(name, _state(open_run(path / name))) for name in sweep.index["point"]]
+        states = [(name, _point_state(path / name)) for name in sweep.index["point"]]
         done = sum(state == "complete" for _, state in states)
         print(f"{path}: a sweep of {len(states)} points ({done} complete); keys "
               f"{', '.join(sweep.keys) or '(none)'}")
@@ -316,6 +316,16 @@ def _cell(v):
 _LABELS = {"online": "a run (simulated, online)", "replay": "a replay", "real": "a real run",
            "trace": "a trace (timing only)"}
 _VERB = {"online": "run", "replay": "run", "real": "real", "trace": "trace"}
+
+
+def _point_state(folder: Path) -> str:
+    """A sweep point's :func:`_state`; ``not started`` where the sweep has not made it yet."""
+    from asyncsim.results import open_run
+
+    try:
+        return _state(open_run(folder))
+    except runs.RunFolderError:
+        return "not started"
 
 
 def _state(run) -> str:

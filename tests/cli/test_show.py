@@ -72,6 +72,13 @@ def test_a_sweep_is_one_line_per_point(made, capsys):
     assert rc == 0
     assert lines == [f"{made / 'sweep'}: a sweep of 2 points (2 complete); keys optimizer.lr",
                      "  p000  optimizer.lr=0.01  complete", "  p001  optimizer.lr=0.02  complete"]
+    # A point the sweep has not made yet (a sweep still running, or killed).
+    import shutil
+
+    shutil.copytree(made / "sweep", made / "half")
+    shutil.rmtree(made / "half" / "p001")
+    assert _show(capsys, made / "half")[1][1:] == ["  p000  optimizer.lr=0.01  complete",
+                                                  "  p001  optimizer.lr=0.02  not started"]
     # Zipped keys: a key a point leaves out is not shown, an integer is shown as one.
     rc, lines, _ = _show(capsys, made / "zipped")
     assert lines[1:] == ["  p000  protocol.kind=hardsync  complete",
