@@ -70,27 +70,33 @@ def _machine(rec: dict) -> str:
             f"`{rec['command']}`")
 
 
+def _section(path: Path) -> str:
+    rec = json.loads(path.read_text())
+    lines = [f"{rec['what']}. Measured on {_machine(rec)}.\n",
+             "| row | target | latest | spread | |", "|---|---|---|---|---|"]
+    for row in rec["rows"]:
+        note = f" ({row['note']})" if row.get("note") else ""
+        lines.append(f"| {row['row']}{note} | {row.get('target') or ''} | "
+                     f"{_value(row['value'], row['unit'])} | {_spread(row)} | "
+                     f"{_met(row)} |")
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
+    """One section per benchmark script, whether or not it has a result, so that each
+    script's anchor (``performance.md#bench_edges``) always exists."""
     parts = [HEAD]
-    for path in sorted(RESULTS.glob("*.json")):
-        rec = json.loads(path.read_text())
-        parts.append(f"## `{rec['benchmark']}`\n\n{rec['what']}. Measured on "
-                     f"{_machine(rec)}.\n")
-        lines = ["| row | target | latest | spread | |", "|---|---|---|---|---|"]
-        for row in rec["rows"]:
-            note = f" ({row['note']})" if row.get("note") else ""
-            lines.append(f"| {row['row']}{note} | {row.get('target') or ''} | "
-                         f"{_value(row['value'], row['unit'])} | {_spread(row)} | "
-                         f"{_met(row)} |")
-        parts.append("\n".join(lines) + "\n")
-    have = {p.stem for p in RESULTS.glob("*.json")}  # bench_gpu's is named by its backend
-    missing = sorted(s.stem for s in (ROOT / "benchmarks").glob("bench_*.py")
-                     if not any(h == s.stem or h.startswith(f"{s.stem}_") for h in have))
-    if missing:
-        parts.append("Not run on the machine above (no result file): "
-                     + ", ".join(f"`{m}`" for m in missing)
-                     + ". `bench_gpu.py` keeps its results only on a GPU, where they mean "
-                     "something; `bench_gpu.py --tiny` checks its code on a CPU.\n")
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        parts.append(f"## `{script.stem}`\n")
+        # bench_gpu's results are named by their backend (bench_gpu_cuda.json)
+        results = sorted(p for p in RESULTS.glob("*.json")
+                         if p.stem == script.stem or p.stem.startswith(f"{script.stem}_"))
+        parts += [_section(p) for p in results]
+        if not results:
+            why = (" It keeps its results only on a GPU, where they mean something; "
+                   "`bench_gpu.py --tiny` checks its code on a CPU."
+                   if script.stem == "bench_gpu" else "")
+            parts.append(f"No result yet: `python benchmarks/{script.name}` writes one.{why}\n")
     return "\n".join(parts)
 
 
