@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import os
 import re
 import stat
@@ -170,7 +171,22 @@ def resolve_raw(
         set_dotted(raw, key, value)
     if seed is not None:
         raw["seed"] = seed
+    _no_dates(raw)
     return raw
+
+
+def _no_dates(node: Any, key: str = "") -> None:
+    """Refuse TOML's dates and times anywhere (a ``[figure]`` option included): no scenario
+    value is one, and a run folder's scenario.toml could not record it."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            _no_dates(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for v in node:
+            _no_dates(v, key)
+    elif isinstance(node, datetime.date | datetime.time):
+        raise ScenarioError(key, f"is a TOML date or time ({node}); allowed: numbers, "
+                            "strings, booleans, arrays and tables")
 
 
 def load_scenario(

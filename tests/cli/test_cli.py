@@ -79,6 +79,9 @@ def write(tmp_path, text, name="s.toml"):
      "\"normal\" schedule only"),
     (FIXED.replace("tau = 3", 'tau = 3\nschedule = "normal"\nscale = 0.0'), "protocol.scale",
      "finite number > 0"),
+    # a TOML date, even in the free-form [figure] table: a run folder could not record it
+    (GOOD + "\n[figure]\nwhen = [1979-05-27]\n", "figure.when",
+     "is a TOML date or time (1979-05-27); allowed: numbers, strings, booleans"),
 ])
 def test_invalid_scenarios_exit_2_with_one_line(tmp_path, capsys, text, key, allowed):
     path = write(tmp_path, text)

@@ -159,6 +159,12 @@ def test_a_scenario_key_and_a_plugin_option_of_the_wrong_type(folders, tmp_path)
     with pytest.raises(DamagedFile, match="data.n_train: must be a positive integer"):
         run.value("data.n_train", None, lambda k, v: _positive_int(k, v))
     assert run.value("protocol.n", 4, _positive_int) == 4  # not set: the default, checked
+    # A TOML date (no asyncsim value is one) is damage, not a traceback of the TOML writer.
+    assert "\nfigure = {}\n" in text
+    (run_dir / "scenario.toml").write_text(text.replace("\nfigure = {}\n",
+                                                        "\nfigure = { when = 1979-05-27 }\n"))
+    with pytest.raises(DamagedFile, match=r"scenario.toml: damaged \(figure.when: is a TOML "):
+        RunFolder(run_dir).value("figure.when", None, lambda k, v: v)
 
 
 def _positive_int(key, v):
