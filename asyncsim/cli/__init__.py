@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import importlib
 import os
+import select
 import sys
 from pathlib import Path
 
@@ -58,11 +59,23 @@ def main(argv: list[str] | None = None) -> int:
         print("asyncsim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        if not _stdout_broken():
+            raise  # another pipe (a Ray worker's, a subprocess's): a failure to report
         # The reader of our output went away (`asyncsim compare A B | head`): nothing more
         # to say to it, and no traceback. Later writes (the exit's flush) go nowhere.
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def _stdout_broken() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll says POLLERR)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no descriptor (captured), or closed
+        return False
 
 
 class _ExitWithoutTeardown:

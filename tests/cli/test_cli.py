@@ -531,3 +531,16 @@ def test_compare_cuts_its_table_and_a_closed_pipe_is_no_traceback(tmp_path, caps
     finally:
         os.close(write_end)
     assert r.returncode == 141 and r.stderr == "", r.stderr
+
+
+def test_a_broken_pipe_other_than_stdout_is_not_swallowed(monkeypatch, capsys):
+    """Exit 141 without a word is for a reader of our output that has gone; a broken pipe
+    elsewhere (a worker's, a subprocess's) is a failure and keeps its traceback."""
+    import asyncsim.cli.commands as commands
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(commands, "cmd_show", broken)
+    with pytest.raises(BrokenPipeError):
+        main(["show", "anywhere"])
