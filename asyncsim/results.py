@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncsim import _checks
 from asyncsim._io import (
+    RUN_MARKS,
     DamagedFile,
     damaged,
     npz_member,
@@ -40,7 +41,14 @@ from asyncsim._io import (
 )
 from asyncsim.config import MOMENTUM_KINDS, Scenario
 from asyncsim.errors import ScenarioError
-from asyncsim.runs import EDGES_CSV, SUMMARY, RunFolderError, driver_from, scenario_toml
+from asyncsim.runs import (
+    EDGES_CSV,
+    KIND_LABELS,
+    SUMMARY,
+    RunFolderError,
+    driver_from,
+    scenario_toml,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,7 +155,8 @@ SUMMARY_FIELDS: dict[str, Check] = {
 # compare name), with their checks; the machine's other facts are kept as they are.
 PROVENANCE_FIELDS: dict[str, Check] = {
     "seed": _count,
-    **dict.fromkeys(("scenario_file", "driver", "replay_of", "profile", "git_revision",
+    "driver": _optional(lambda k, v: _checks.choice(k, v, tuple(KIND_LABELS), what="driver")),
+    **dict.fromkeys(("scenario_file", "replay_of", "profile", "git_revision",
                      "python", "platform", "machine", "cpu_model"), _OPT_TEXT),
     "versions": _versions,
     "command": _text_list,
@@ -160,6 +169,8 @@ def _column_check(kind: str | tuple[str, ...]) -> Callable[[Any], str | None]:
 
     def check(col) -> str | None:
         a = col.to_numpy()
+        if not a.size:  # no rows (a header only): nothing wrong with the values
+            return None
         if isinstance(kind, tuple):  # one of these strings
             bad = [x for x in a if x not in kind]
             return (f"holds {bad[0]!r}; allowed: {', '.join(kind)}" if bad else None)
@@ -167,7 +178,7 @@ def _column_check(kind: str | tuple[str, ...]) -> Callable[[Any], str | None]:
             allowed = "integers" if kind == "count" else "numbers"
             return f"holds {a.dtype} values (e.g. {a[0]!r}); allowed: {allowed}"
         if kind in ("count", "time"):
-            bad = np.flatnonzero(~np.isfinite(a) | (a < 0)) if a.size else []
+            bad = np.flatnonzero(~np.isfinite(a) | (a < 0))
             if len(bad):
                 return f"holds {a[bad[0]].item()!r} at row {bad[0]}; allowed: finite numbers >= 0"
         if kind == "error":
@@ -478,7 +489,10 @@ def open_run(path: str | Path) -> RunFolder:
         run.summary["final_test_error"], run.evals.plot(x="sim_time", y="test_error")
     """
     path = Path(path)
-    if not any(os.path.lexists(path / m) for m in ("provenance.json", SUMMARY, "scenario.toml")):
+    # A file only asyncsim writes (a sweep's index.csv aside), or the scenario that a run
+    # killed before its first other file has already written.
+    if (path / "index.csv").exists() or not any(
+            os.path.lexists(path / m) for m in (*RUN_MARKS, "scenario.toml")):
         raise RunFolderError(_not_a_run(path))
     return RunFolder(path)
 
@@ -503,7 +517,8 @@ def _not_a_run(path: Path) -> str:
         return f"{path}: no such folder"
     if (path / "index.csv").exists():
         return f"{path}: a sweep folder; use asyncsim.open_sweep (or one of its points)"
-    return f"{path}: not a run folder (no scenario.toml, provenance.json or summary.json)"
+    return (f"{path}: not a run folder (none of scenario.toml, "
+            f"{', '.join(m for m in RUN_MARKS if m != 'index.csv')})")
 
 
 def run_folders(source: str | Path) -> list[RunFolder]:

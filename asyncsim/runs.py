@@ -108,9 +108,12 @@ def driver_from(prov: Mapping[str, Any]) -> str:
     return prov.get("driver") or ("replay" if prov.get("replay_of") is not None else "online")
 
 
-# What each kind of unfinished folder is, and how to go on: only online and real runs
+# What wrote a run folder (its provenance's ``driver``), in words; the one naming of the
+# kinds, for messages and ``asyncsim show``.
+KIND_LABELS = {"online": "simulated run", "real": "real run", "replay": "replay",
+               "trace": "timing-only trace"}
+# How to go on with an unfinished folder of each kind: only online and real runs
 # checkpoint, so only they resume.
-_LABEL = {"online": "run", "real": "real run", "replay": "replay", "trace": "trace"}
 _RESUME = {"online": "asyncsim run --resume {f}", "real": "asyncsim real --resume {f}"}
 _REDO = {"trace": "a trace is quick to redo: pass --force",
          "replay": "a replay has no checkpoints: rerun asyncsim replay with --force"}
@@ -164,7 +167,7 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
         # real run's replay: a simulated trace with parameters of neither run).
         raise RunFolderError(f"{folder}: an unfinished replay; {unfinished_advice(folder)}")
     if kind != driver:
-        raise RunFolderError(f"{folder}: an unfinished {_LABEL.get(kind, kind)}; "
+        raise RunFolderError(f"{folder}: an unfinished {KIND_LABELS.get(kind, kind)}; "
                              f"{_go_on(kind, folder)}")
     if not (folder / "scenario.toml").exists():
         raise RunFolderError(f"{folder}: nothing to resume: {_go_on(kind, folder)}")
@@ -276,7 +279,7 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
         if not resume and not force and not is_complete(folder):
             kind = driver_of(folder)
             go_on = _go_on(kind, folder)
-            raise RunFolderError(f"{folder}: holds an unfinished {_LABEL.get(kind, kind)}; "
+            raise RunFolderError(f"{folder}: holds an unfinished {KIND_LABELS.get(kind, kind)}; "
                                  f"{go_on}" + ("" if "--force" in go_on
                                                 else ", or pass --force to start over"))
         if force:
@@ -367,7 +370,7 @@ def _acquire(path: Path) -> int:
             # Never through a link: a lock linked to a file outside would be truncated.
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except FileNotFoundError:  # its folder was just discarded by its last writer
-            _make(path.parent)
+            _make(_io.no_link(path).parent)  # checked again: it is a new folder
             continue
         except OSError as e:
             if e.errno == errno.ELOOP:

@@ -39,16 +39,17 @@ def resume_args(args, *, verb: str, driver: str = "online") -> Path:
                                 "given", file=where)
         return folder
     from asyncsim._io import read_toml
-    from asyncsim.drivers.folder_scenario import scenario_changes
+    from asyncsim.drivers.folder_scenario import scenario_differences
 
-    changed = scenario_changes(read_toml(folder / "scenario.toml", what="the run's scenario"),
-                               load_args(args))
+    changed = scenario_differences(
+        read_toml(folder / "scenario.toml", what="the run's scenario"), load_args(args))
     if changed:
         given = " ".join([str(args.scenario), *tweaks])
+        shown = "; ".join(f"{k}: {then!r} there, {now!r} here" for k, then, now in changed[:3])
         raise ScenarioError("--resume", f"{folder} holds another scenario than {given} "
-                            f"resolves to ({', '.join(changed[:4])}"
-                            f"{' ...' if len(changed) > 4 else ''}); a resume continues the "
-                            "folder's own run: start a new run for the changed one", file=where)
+                            f"resolves to ({shown}{'; ...' if len(changed) > 3 else ''}); a "
+                            "resume continues the folder's own run: start a new run for the "
+                            "changed one", file=where)
     return folder
 
 
@@ -62,14 +63,13 @@ MEASURED = ("initial_sharpness", "final_sharpness", "final_sharpness_lanczos")
 
 
 def print_summary(summary: dict, keys=None) -> None:
-    keys = keys or list(summary)
-    width = max(len(k) for k in keys)
+    keys = [k for k in keys or summary if k in summary]
+    width = max((len(k) for k in keys), default=0)
     for k in keys:
-        if k in summary:
-            v = summary[k]
-            if isinstance(v, float):
-                v = f"{v:.6g}"
-            print(f"  {k:<{width}}  {v}")
+        v = summary[k]
+        if isinstance(v, float):
+            v = f"{v:.6g}"
+        print(f"  {k:<{width}}  {v}")
 
 
 def figure_to_draw(args, scn) -> bool:
@@ -282,22 +282,21 @@ def cmd_show(args) -> int:
     path = Path(args.path)
     if (path / "index.csv").exists():
         sweep = open_sweep(path)
-        states = [(name, _point_state(path / name)) for name in sweep.index["point"]]
-        done = sum(state == "complete" for _, state in states)
+        states = [_point_state(path / name) for name in sweep.index["point"]]
+        done = states.count("complete")
         print(f"{path}: a sweep of {len(states)} points ({done} complete); keys "
               f"{', '.join(sweep.keys) or '(none)'}")
-        for (name, state), row in zip(states, sweep.index.itertuples(index=False),
-                                      strict=True):
+        for name, state, (_, row) in zip(sweep.index["point"], states,
+                                         sweep.index.iterrows(), strict=True):
             # A key this point leaves out (zipped keys) is empty in the index: not shown.
-            keys = " ".join(f"{k}={_cell(v)}" for k, v in zip(
-                sweep.keys, row[1:1 + len(sweep.keys)], strict=True) if v == v)
+            keys = " ".join(f"{k}={_cell(row[k])}" for k in sweep.keys if row[k] == row[k])
             print(f"  {name}  {keys}  {state}")
         return 0
     run = open_run(path)
-    print(f"{path}: {_LABELS[run.kind]}, {_state(run)}")
+    print(f"{path}: a {runs.KIND_LABELS[run.kind]}, {_state(run)}")
     if run.complete:
         print_summary({k: v for k, v in run.summary.items() if not isinstance(v, list | dict)})
-        again = (f"asyncsim replay {run.provenance['replay_of']} --out {path} --force"
+        again = (f"asyncsim replay {run.provenance['replay_of']} --out NEW_DIR"
                  if run.kind == "replay" and run.provenance.get("replay_of")
                  else f"asyncsim {_VERB[run.kind]} {path / 'scenario.toml'} --out NEW_DIR")
         print(f"run it again: {again}")
@@ -313,19 +312,21 @@ def _cell(v):
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-_LABELS = {"online": "a run (simulated, online)", "replay": "a replay", "real": "a real run",
-           "trace": "a trace (timing only)"}
 _VERB = {"online": "run", "replay": "run", "real": "real", "trace": "trace"}
 
 
 def _point_state(folder: Path) -> str:
-    """A sweep point's :func:`_state`; ``not started`` where the sweep has not made it yet."""
+    """A sweep point's :func:`_state`; ``not started`` where the sweep has not made it yet,
+    ``damaged (...)`` where its files are not what asyncsim writes (the others still
+    listed)."""
     from asyncsim.results import open_run
 
     try:
         return _state(open_run(folder))
     except runs.RunFolderError:
         return "not started"
+    except runs.ONE_LINE_ERRORS as e:
+        return f"damaged ({e})"
 
 
 def _state(run) -> str:

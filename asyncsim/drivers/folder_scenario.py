@@ -117,6 +117,13 @@ def scenario_changes(saved: Mapping[str, Any], scn: Scenario, *,
     a later asyncsim does not make an old folder "changed"). What changes no number (the
     ``[figure]`` table, ``description``) is not compared. ``now``: :func:`folder_scenario`
     of ``scn``, when the caller has it."""
+    return [k for k, _, _ in scenario_differences(saved, scn, now=now)]
+
+
+def scenario_differences(saved: Mapping[str, Any], scn: Scenario, *,
+                         now: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """:func:`scenario_changes` with the values: ``(key, the record's, scn's)``, a value
+    either side leaves out being its default."""
     now = _with_option_defaults(drop_defaults(
         _plain(now if now is not None else folder_scenario(scn)[0])))
     then = _with_option_defaults(drop_defaults(_plain(dict(saved))))
@@ -127,7 +134,8 @@ def scenario_changes(saved: Mapping[str, Any], scn: Scenario, *,
     flat_then, flat_now = flatten(then), flatten(now)
     # A key one side leaves out and the other holds at its default is the same setting
     # (a field added by a later asyncsim; a default an older one recorded).
-    return [k for k in changed_keys(then, now)
+    return [(k, flat_then.get(k, defaults.get(k)), flat_now.get(k, defaults.get(k)))
+            for k in changed_keys(then, now)
             if not (k not in flat_then and flat_now.get(k) == defaults.get(k, _NONE))
             and not (k not in flat_now and flat_then.get(k) == defaults.get(k, _NONE))]
 

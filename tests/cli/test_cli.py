@@ -357,13 +357,13 @@ def test_an_unfinished_folder_says_how_to_go_on_for_what_wrote_it(tmp_path, caps
     capsys.readouterr()
     # A timing-only trace has no gradients to resume: redo it (not an online run in its place).
     assert main(["trace", str(path), "--out", str(folders["trace"])]) == 2
-    assert "holds an unfinished trace; a trace is quick to redo: pass --force" in \
+    assert "holds an unfinished timing-only trace; a trace is quick to redo: pass --force" in \
         capsys.readouterr().err
     assert main(["run", "--resume", str(folders["trace"])]) == 2
-    assert "an unfinished trace; a trace is quick to redo" in capsys.readouterr().err
+    assert "an unfinished timing-only trace; a trace is quick to redo" in capsys.readouterr().err
     # An online run resumes with `run`, not `real`; a replay is redone by `replay --force`.
     assert main(["run", str(path), "--out", str(folders["run"])]) == 2
-    assert (f"holds an unfinished run; continue it with asyncsim run --resume "
+    assert (f"holds an unfinished simulated run; continue it with asyncsim run --resume "
             f"{folders['run']}, or pass --force") in capsys.readouterr().err
     with pytest.raises(runs.RunFolderError, match="continue it with asyncsim run --resume"):
         runs.resume_folder(folders["run"], driver="real")

@@ -46,7 +46,7 @@ def _show(capsys, path) -> tuple[int, list[str], str]:
 
 def test_a_complete_run(made, capsys):
     rc, lines, _ = _show(capsys, made / "complete")
-    assert rc == 0 and lines[0] == f"{made / 'complete'}: a run (simulated, online), complete"
+    assert rc == 0 and lines[0] == f"{made / 'complete'}: a simulated run, complete"
     summary = json.loads((made / "complete" / "summary.json").read_text())
     assert f"  param_hash        {summary['param_hash']}" in lines
     assert lines[-2] == (f"run it again: asyncsim run {made / 'complete' / 'scenario.toml'} "
@@ -56,7 +56,7 @@ def test_a_complete_run(made, capsys):
 def test_an_unfinished_run_says_where_its_checkpoint_is_and_how_to_resume(made, capsys):
     rc, lines, _ = _show(capsys, made / "unfinished")
     assert rc == 0
-    assert lines == [f"{made / 'unfinished'}: a run (simulated, online), unfinished "
+    assert lines == [f"{made / 'unfinished'}: a simulated run, unfinished "
                      "(checkpoint at update 8)",
                      f"  continue it with asyncsim run --resume {made / 'unfinished'}"]
 
@@ -79,6 +79,14 @@ def test_a_sweep_is_one_line_per_point(made, capsys):
     shutil.rmtree(made / "half" / "p001")
     assert _show(capsys, made / "half")[1][1:] == ["  p000  optimizer.lr=0.01  complete",
                                                   "  p001  optimizer.lr=0.02  not started"]
+    # A damaged point is listed as damaged, the others still shown.
+    shutil.copytree(made / "sweep", made / "hurt")
+    (made / "hurt" / "p001" / "summary.json").write_text('{"updates": "many"}')
+    lines = _show(capsys, made / "hurt")[1]
+    assert lines[0] == f"{made / 'hurt'}: a sweep of 2 points (1 complete); keys optimizer.lr"
+    assert lines[1] == "  p000  optimizer.lr=0.01  complete"
+    assert lines[2].startswith("  p001  optimizer.lr=0.02  damaged (") and \
+        "summary.json: damaged (updates: must be" in lines[2]
     # Zipped keys: a key a point leaves out is not shown, an integer is shown as one.
     rc, lines, _ = _show(capsys, made / "zipped")
     assert lines[1:] == ["  p000  protocol.kind=hardsync  complete",
@@ -90,8 +98,27 @@ def test_anything_else_or_a_damaged_folder_is_one_line(made, tmp_path, capsys):
 
     shutil.copytree(made / "complete", tmp_path / "damaged")
     (tmp_path / "damaged" / "summary.json").write_text('{"updates": "many"}')
+    shutil.copytree(made / "complete", tmp_path / "stranger")
+    prov = json.loads((tmp_path / "stranger" / "provenance.json").read_text())
+    (tmp_path / "stranger" / "provenance.json").write_text(json.dumps({**prov,
+                                                                       "driver": "quantum"}))
     for path, fragment in ((tmp_path / "nothing", "no such folder"),
                            (tmp_path, "not a run folder"),
-                           (tmp_path / "damaged", "summary.json: damaged (updates: must be")):
+                           (tmp_path / "damaged", "summary.json: damaged (updates: must be"),
+                           (tmp_path / "stranger", "provenance.json: damaged (driver: unknown "
+                                                   "driver 'quantum'; allowed: online,")):
         rc, lines, err = _show(capsys, path)
         assert rc == 2 and lines == [] and err.count("\n") == 1 and fragment in err, err
+
+
+def test_a_replay_and_an_empty_summary(made, tmp_path, capsys):
+    """A replay's "run it again" replays its source into a new folder (never over itself);
+    a summary with no scalar fields is shown as nothing, not an error."""
+    assert main(["replay", str(made / "complete"), "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 0
+    rc, lines, _ = _show(capsys, tmp_path / "r")
+    assert rc == 0 and lines[0] == f"{tmp_path / 'r'}: a replay, complete"
+    assert f"run it again: asyncsim replay {made / 'complete'} --out NEW_DIR" in lines
+    (tmp_path / "r" / "summary.json").write_text("{}")
+    rc, lines, err = _show(capsys, tmp_path / "r")
+    assert rc == 0 and err == "" and lines[1].startswith("run it again: ")

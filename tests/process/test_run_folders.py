@@ -503,7 +503,7 @@ def test_resume_takes_the_command_that_started_the_run_and_nothing_else(tmp_path
     cases = {("--set", "seed=3"): "--set change a scenario file, and none is given",
              ("--seed", "3"): "--seed change a scenario file, and none is given",
              (str(path), "--seed", "3"): f"holds another scenario than {path} --seed resolves "
-                                         "to (seed)",
+                                         "to (seed: 7 there, 3 here)",
              ("--out", str(tmp_path / "elsewhere")): "--out: names"}
     for extra, fragment in cases.items():
         assert main(["run", "--resume", str(out), *extra, "--quiet", "--no-figure"]) == 2
