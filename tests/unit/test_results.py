@@ -139,6 +139,14 @@ def test_eval_columns_are_checked(folders, tmp_path, column, value, why):
         RunFolder(run_dir).evals  # noqa: B018
 
 
+def test_an_eval_csv_of_a_header_only_is_no_rows(folders, tmp_path):
+    run_dir = _copy(folders["run"], tmp_path)
+    ev = pd.read_csv(run_dir / "eval.csv")
+    ev.iloc[:0].to_csv(run_dir / "eval.csv", index=False)
+    evals = RunFolder(run_dir).evals
+    assert len(evals) == 0 and list(evals.columns) == list(ev.columns)
+
+
 def test_a_diverged_runs_losses_may_be_nan_or_infinite(folders, tmp_path):
     run_dir = _copy(folders["run"], tmp_path)
     ev = pd.read_csv(run_dir / "eval.csv")
