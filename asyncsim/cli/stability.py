@@ -52,6 +52,21 @@ def _check(args) -> None:
             raise e.with_file("asyncsim stability") from None
     if args.figure:
         runs.output_file(args.figure, flag="--figure", verb="stability")
+    if args.trace:
+        _run_trace(args.trace)  # refused before any table is printed
+
+
+def _run_trace(path):
+    """The run folder of ``--trace`` and its trace, once :func:`check_run_trace` takes it."""
+    from asyncsim.results import open_run
+    from asyncsim.stability.measured import check_run_trace
+
+    run = open_run(path)
+    try:
+        check_run_trace(run.trace)
+    except ValueError as e:
+        raise ScenarioError("--trace", f"{path}: {e}", file="asyncsim stability") from None
+    return run
 
 
 def stability_table(taus, momenta, betas, *, measure: bool = False) -> pd.DataFrame:
@@ -126,10 +141,9 @@ def _print(table: pd.DataFrame) -> None:
 
 def _run_edges(args) -> None:
     """The ``--trace RUN_DIR`` table: the edge measured on the run's own trace."""
-    from asyncsim.results import open_run
     from asyncsim.stability.measured import run_edges
 
-    run = open_run(args.trace)
+    run = _run_trace(args.trace)
     table = run_edges(run.scenario, run.trace, args.momentum, args.beta)
     cols = ["momentum", "beta", "measured", "closed_form_at_mean", "closed_form_at_max",
             "measured_over_mean"]

@@ -60,6 +60,7 @@ __all__ = [
     "find_edges",
     "growth",
     "quadratic_scenario",
+    "check_run_trace",
     "run_edges",
     "stable_mask",
 ]
@@ -278,6 +279,21 @@ def edges_of_traces(scn: Scenario, traces: Sequence[Trace], *, n_lr: int = 256,
     return _search(measure, n_lr, rel_tol, _X_LO, _X_HI)
 
 
+def check_run_trace(trace: Trace) -> None:
+    """Refuse (ValueError, one line) a trace :func:`run_edges` cannot measure: one whose
+    updates take different numbers of gradients (the compiled program takes a constant
+    number per update), or one too short for its growth windows to span ten delay periods
+    (at least ``20 (τ_max + 1)`` updates, and 200): a floor below which the verdicts are
+    noise, not a guarantee of :func:`default_steps`' 0.1% margin."""
+    if trace.uniform_n_grads is None:
+        raise ValueError("its updates take different numbers of gradients; the edge is "
+                         "measured on traces whose updates all take the same number")
+    need = max(200, 20 * (int(trace.max_staleness) + 1))
+    if trace.num_updates < need:
+        raise ValueError(f"it has {trace.num_updates} updates, and measuring the edge of its "
+                         f"staleness (max {int(trace.max_staleness)}) needs at least {need}")
+
+
 def run_edges(scn: Scenario, trace: Trace, momenta: Sequence[str] = ("none",),
               betas: Sequence[float] = (0.9,), **kw: Any) -> pd.DataFrame:
     """The stability edge of a recorded run's own staleness: delayed gradient descent on a
@@ -296,6 +312,7 @@ def run_edges(scn: Scenario, trace: Trace, momenta: Sequence[str] = ("none",),
 
     from asyncsim.config import to_dict
 
+    check_run_trace(trace)
     tau = trace.staleness
     mean, most = float(tau.mean()) if tau.size else 0.0, int(trace.max_staleness)
     rows = []

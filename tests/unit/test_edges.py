@@ -231,7 +231,7 @@ def test_cli_stability_as_rates_and_on_a_runs_trace(tmp_path, capsys):
     path = tmp_path / "s.toml"
     path.write_text(dump_toml({"cluster": {"learners": 6, "compute": {
         "dist": "lognormal", "mean": 1.0, "cv": 0.5}}, "protocol": {"kind": "async"},
-        "run": {"updates": 400}}))
+        "run": {"updates": 600}}))
     assert main(["trace", str(path), "--out", str(tmp_path / "t"), "--quiet"]) == 0
     capsys.readouterr()
     assert main(["stability", "--tau", "4", "--momentum", "none", "--sharpness", "10",
@@ -252,3 +252,27 @@ def test_cli_stability_as_rates_and_on_a_runs_trace(tmp_path, capsys):
         assert main(["stability", "--sharpness", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--sharpness: must be a positive finite number" in err
+
+
+@pytest.mark.parametrize(("table", "why"), [
+    ({"run": {"updates": 30}}, "it has 30 updates, and measuring the edge of its staleness"),
+    # Hardsync rounds under churn take 1..3 gradients: no constant c for the program.
+    ({"protocol": {"kind": "hardsync"}, "run": {"updates": 400},
+      "cluster": {"learners": 3, "availability": {
+          "up": {"dist": "exponential", "mean": 3.0},
+          "down": {"dist": "exponential", "mean": 1.5}}}},
+     "its updates take different numbers of gradients"),
+])
+def test_cli_stability_refuses_a_trace_it_cannot_measure_before_printing(
+        tmp_path, capsys, table, why):
+    from asyncsim._io import dump_toml
+
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml(table))
+    assert main(["trace", str(path), "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["stability", "--tau", "1", "--trace", str(tmp_path / "t")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before the closed-form table
+    assert err.startswith(f"asyncsim: error: asyncsim stability: --trace: {tmp_path / 't'}: "
+                          f"{why}")
