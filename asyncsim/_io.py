@@ -100,6 +100,15 @@ def no_link(path: str | os.PathLike) -> Path:
     user's own. The one check of every writer here (:func:`atomic`, :func:`make_folder`) and
     of the lock (asyncsim.runs.locked)."""
     path = Path(path)
+    given = Path(os.getcwd(), path)  # absolute, with any ".." kept (Path keeps them)
+    if ".." in given.parts:
+        # "RUN/link/../x" reads as RUN/x but goes through the link: every prefix as given
+        # is checked, and a link that lies in any run folder is refused.
+        for i in range(2, len(given.parts) + 1):
+            q = Path(*given.parts[:i])
+            if q.is_symlink() and (root := run_root(q)) is not None:
+                raise link_refused(q, root)
+        return path
     root = run_root(path)
     if root is None:
         return path

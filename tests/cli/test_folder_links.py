@@ -212,3 +212,26 @@ def test_a_run_writing_into_a_fresh_folder_is_guarded_before_it_has_a_mark(tmp_p
             no_link(folder / "inputs" / "x.csv")
     assert run_root(folder / "inputs" / "x.csv") is None  # released, and it has no mark
     os.unlink(folder / "inputs")
+
+
+def test_a_dotdot_after_a_link_in_a_run_folder_is_refused(made, tmp_path, capsys):
+    """``RUN/link/../x`` reads as ``RUN/x`` but the system goes through the link (to the
+    parent of its target): the path as given is checked, prefix by prefix."""
+    from asyncsim._io import LinkInFolder, no_link
+
+    home = _outside(tmp_path)
+    folder = tmp_path / "run"
+    shutil.copytree(made["trace"], folder)
+    (folder / "inputs").symlink_to(home / "docs")
+    through = folder / "inputs" / ".." / "x.csv"  # home/x.csv, not folder/x.csv
+    with pytest.raises(LinkInFolder, match="inputs: a symbolic link inside the run folder"):
+        no_link(through)
+    before = _digest(home)
+    assert main(["replay", str(folder), "--out", str(folder / "inputs" / ".." / "r"),
+                 "--quiet"]) == 2
+    assert "inputs: a symbolic link inside the run folder" in capsys.readouterr().err
+    assert _digest(home) == before and not (home / "r").exists()
+    # Without a link the same spelling is an ordinary path.
+    os.unlink(folder / "inputs")
+    (folder / "inputs").mkdir()
+    assert no_link(through) == through
