@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim import _checks
+from asyncsim.timing.delays import make_delay
 
 from ._common import save, trace_points
 
@@ -25,11 +26,9 @@ NAME = "churn_staleness"
 
 
 def _mean(key: str, spec) -> float:
-    """The mean of a delay spec as this figure's scenario writes them (a constant's value,
-    another distribution's mean): a positive number, checked (RunFolder.value)."""
-    spec = _checks.table(key, spec)
-    name = "value" if spec.get("dist") == "constant" else "mean"
-    return _checks.positive(f"{key}.{name}", spec.get(name), finite=True)
+    """The mean of a delay spec: its delay model's (:func:`asyncsim.make_delay`, which
+    checks the spec as a scenario's), a positive number (RunFolder.value)."""
+    return _checks.positive(f"{key} (its mean)", make_delay(spec, key=key).mean, finite=True)
 
 
 def _level(run) -> str:
