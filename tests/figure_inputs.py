@@ -118,6 +118,8 @@ def assert_refused(name: str, source: Path, which: str, tmp_path: Path, capsys, 
     err = capsys.readouterr().err
     assert rc == 2, f"{name} drew from a {which} of the wrong type: {err}"
     assert err.startswith("asyncsim: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err and file in err and field in err, err
+    # The field as the message names it: "(updates: must be ...)", "column version holds ..."
+    assert "Traceback" not in err and file in err, err
+    assert f"({field}: " in err or f"column {field} " in err, err
     assert not out.exists(), f"{name}: {sorted(p.name for p in out.iterdir())}"
     return err

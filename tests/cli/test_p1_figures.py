@@ -204,8 +204,13 @@ def test_open_sweep_reads_the_numbers_the_figure_plots(smoke_sweep):
     name, out = smoke_sweep
     sweep = asyncsim.open_sweep(out)
     index = pd.read_csv(out / "index.csv")
-    assert len(sweep.table) == len(index) and sweep.keys == [
-        c for c in index.columns[1:list(index.columns).index("folder")]]
+    from asyncsim.scenario import load_scenario
+    from asyncsim.scenario.points import sweep_points
+
+    # The keys the scenario's [sweep] varies, in the order the points first name them.
+    points = sweep_points(load_scenario(REPO / "scenarios" / f"{name}.toml", profile="smoke"))
+    assert sweep.keys == list(dict.fromkeys(k for p in points for k in p))
+    assert len(sweep.table) == len(index) == len(points)
     assert sweep.table["final_test_error"].tolist() == index["final_test_error"].tolist()
     if name != "p1_f3_lr_modulation":
         return

@@ -51,6 +51,18 @@ def reader_dir(tmp_path_factory) -> Path:
     return d
 
 
+def _update_core_applied(ns: dict) -> None:
+    """results.md's update-core example: one update of c = 2 gradients of staleness 0 and 3
+    (the core's counters), on the run's parameters."""
+    state = ns["state"]
+    assert float(state.grad_count) == 2.0 and float(state.stale_sum) == 3.0
+    assert state.params.keys() == ns["result"].params.keys()
+
+
+# What a page's examples leave behind, checked after they ran (beyond their own asserts).
+AFTER = {"results.md": _update_core_applied}
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")],
                          ids=lambda p: p.name)
 def test_the_python_examples_run_as_written(page, reader_dir, monkeypatch, fresh_registries):
@@ -68,6 +80,7 @@ def test_the_python_examples_run_as_written(page, reader_dir, monkeypatch, fresh
             exec(compile(block, f"{page.name}: python block {i + 1}", "exec"), ns)
             for name in sorted(k for k in ns if k.startswith("test_") and k not in called):
                 ns[name]()
+        AFTER.get(page.name, lambda ns: None)(ns)
     finally:
         for module in [m for m in sys.modules if (reader_dir / f"{m}.py").exists()]:
             sys.modules.pop(module)
