@@ -18,21 +18,23 @@ _PATTERN = re.compile(r"\]\((" + "|".join(re.escape(k) for k in _LINKS) + r")")
 
 
 def on_files(files, config):
-    """The committed figures (``figures/*.png``), served as the site's ``figures/``."""
-    for png in sorted((REPO / "figures").glob("*.png")):
-        files.append(File(f"figures/{png.name}", str(REPO), config["site_dir"],
+    """The committed figures and their data (``figures/*.png|csv``), served as the site's
+    ``figures/``."""
+    for path in sorted([*(REPO / "figures").glob("*.png"), *(REPO / "figures").glob("*.csv")]):
+        files.append(File(f"figures/{path.name}", str(REPO), config["site_dir"],
                           config["use_directory_urls"]))
     return files
 
 
-# The README's links, as the home page's.
-_README_LINKS = {"](docs/": "](", "](CHANGELOG.md)": "](changelog.md)"}
+# The README's links (an anchor after them kept), as the home page's.
+_README_LINKS = re.compile(r"\]\((?:docs/([^)]*)|CHANGELOG\.md((?:#[^)]*)?))\)")
+
+
+def _readme_link(m: re.Match) -> str:
+    return f"]({m.group(1)})" if m.group(1) is not None else f"](changelog.md{m.group(2)})"
 
 
 def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri == "index.md":
-        markdown = (REPO / "README.md").read_text(encoding="utf-8")
-        for old, new in _README_LINKS.items():
-            markdown = markdown.replace(old, new)
-        return markdown
+        return _README_LINKS.sub(_readme_link, (REPO / "README.md").read_text(encoding="utf-8"))
     return _PATTERN.sub(lambda m: "](" + _LINKS[m.group(1)], markdown)
