@@ -45,7 +45,8 @@ __all__ = ["BIT_FACTS", "FIXED_THREADS", "FIXED_XLA_FLAGS", "cpu_affinity", "fac
 #: What importing asyncsim sets when the environment does not set it already.
 FIXED_THREADS = {"PJRT_NPROC": "2", "OPENBLAS_NUM_THREADS": "1"}
 #: What importing asyncsim adds to ``XLA_FLAGS`` when the flags do not name it already: the
-#: CPU code whose bits do not depend on the CPU model (docs/reproducibility.md).
+#: CPU code whose bits do not depend on the CPU model (docs/reproducibility.md). XLA knows
+#: the flag from jaxlib 0.8.1 on (the floor in pyproject.toml); an older one aborts on it.
 FIXED_XLA_FLAGS = ("--xla_cpu_enable_platform_dependent_math=false",)
 # The variables by which a user has already chosen each count (XLA also reads NPROC).
 _CHOSEN_BY = {"PJRT_NPROC": ("PJRT_NPROC", "NPROC"),
