@@ -84,35 +84,31 @@ def _as_real(folder: Path) -> None:
     path.write_text(json.dumps({**prov, "driver": "real"}))
 
 
+# The commands that write into the folder f anew or in place (s: the scenario file).
+def _resume(f, s, t):
+    return ["run", "--resume", f, "--quiet", "--no-figure"]
+
+
+def _run_force(f, s, t):
+    return ["run", s, "--out", f, "--force", "--quiet", "--no-figure"]
+
+
+def _trace_force(f, s, t):
+    return ["trace", s, "--out", f, "--force", "--quiet"]
+
+
 # (source folder, link inside it, what it points at, argv (folder, scenario, tmp), outcome):
 # "refused" -- exit 2, one line naming the link; "removed" -- exit 0, the link gone.
 CASES = {
-    "resume/lock": ("unfinished", ".lock", "file",
-                    lambda f, s, t: ["run", "--resume", f, "--quiet", "--no-figure"], "refused"),
-    "resume/checkpoint": ("unfinished", "checkpoint.npz", "file",
-                          lambda f, s, t: ["run", "--resume", f, "--quiet", "--no-figure"],
-                          "refused"),
-    "resume/inputs": ("unfinished", "inputs", "folder",
-                      lambda f, s, t: ["run", "--resume", f, "--quiet", "--no-figure"],
-                      "refused"),
-    "run-force/lock": ("complete", ".lock", "file",
-                       lambda f, s, t: ["run", s, "--out", f, "--force", "--quiet",
-                                        "--no-figure"], "refused"),
-    "run-force/inputs": ("complete", "inputs", "folder",
-                         lambda f, s, t: ["run", s, "--out", f, "--force", "--quiet",
-                                          "--no-figure"], "removed"),
-    "run-force/summary": ("complete", "summary.json", "file",
-                          lambda f, s, t: ["run", s, "--out", f, "--force", "--quiet",
-                                           "--no-figure"], "removed"),
-    "run-force/tmp": ("complete", ".summary.json.tmp", "file",
-                      lambda f, s, t: ["run", s, "--out", f, "--force", "--quiet",
-                                       "--no-figure"], "removed"),
-    "trace-force/lock": ("trace", ".lock", "file",
-                         lambda f, s, t: ["trace", s, "--out", f, "--force", "--quiet"],
-                         "refused"),
-    "trace-force/grads": ("trace", "trace_grads.parquet", "file",
-                          lambda f, s, t: ["trace", s, "--out", f, "--force", "--quiet"],
-                          "removed"),
+    "resume/lock": ("unfinished", ".lock", "file", _resume, "refused"),
+    "resume/checkpoint": ("unfinished", "checkpoint.npz", "file", _resume, "refused"),
+    "resume/inputs": ("unfinished", "inputs", "folder", _resume, "refused"),
+    "run-force/lock": ("complete", ".lock", "file", _run_force, "refused"),
+    "run-force/inputs": ("complete", "inputs", "folder", _run_force, "removed"),
+    "run-force/summary": ("complete", "summary.json", "file", _run_force, "removed"),
+    "run-force/tmp": ("complete", ".summary.json.tmp", "file", _run_force, "removed"),
+    "trace-force/lock": ("trace", ".lock", "file", _trace_force, "refused"),
+    "trace-force/grads": ("trace", "trace_grads.parquet", "file", _trace_force, "removed"),
     "replay/folder": ("complete", "replay", "empty",
                       lambda f, s, t: ["replay", f, "--quiet"], "refused"),
     "replay/lock": ("complete", "replay/.lock", "file",
