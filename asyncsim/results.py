@@ -177,16 +177,42 @@ def _column_check(kind: str | tuple[str, ...]) -> Callable[[Any], str | None]:
         if a.dtype.kind not in ("iu" if kind == "count" else "iuf"):
             allowed = "integers" if kind == "count" else "numbers"
             return f"holds {a.dtype} values (e.g. {a[0]!r}); allowed: {allowed}"
-        if kind in ("count", "time"):
-            bad = np.flatnonzero(~np.isfinite(a) | (a < 0))
+        ok, allowed = _RANGES.get(kind, (None, ""))
+        if ok is not None:
+            bad = np.flatnonzero(~ok(a))
             if len(bad):
-                return f"holds {a[bad[0]].item()!r} at row {bad[0]}; allowed: finite numbers >= 0"
-        if kind == "error":
-            bad = np.flatnonzero((a < 0) | (a > 1))
-            if len(bad):
-                return f"holds {a[bad[0]].item()!r} at row {bad[0]}; allowed: errors in [0, 1]"
+                return f"holds {a[bad[0]].item()!r} at row {bad[0]}; allowed: {allowed}"
         return None
     return check
+
+
+def _finite_nonneg(a):
+    import numpy as np
+    return np.isfinite(a) & (a >= 0)
+
+
+def _finite_positive(a):
+    import numpy as np
+    return np.isfinite(a) & (a > 0)
+
+
+def _momentum_factor(a):
+    import numpy as np
+    return np.isfinite(a) & (np.abs(a) < 1)
+
+
+def _error_or_nan(a):  # NaN passes: an error that was not measured
+    return ~((a < 0) | (a > 1))
+
+
+# The values each numeric column kind allows ("number": any, NaN and infinities included).
+_RANGES: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "count": (_finite_nonneg, "finite numbers >= 0"),
+    "time": (_finite_nonneg, "finite numbers >= 0"),
+    "positive": (_finite_positive, "finite numbers > 0"),
+    "beta": (_momentum_factor, "momentum factors beta with |beta| < 1"),
+    "error": (_error_or_nan, "errors in [0, 1]"),
+}
 
 
 # eval.csv's columns (:class:`asyncsim.numerics.numerics.EvalRecord`): losses may be NaN or
@@ -393,10 +419,10 @@ class RunFolder:
 # ----------------------------------------------------------------------------- sweep folders
 # A sweep's edges.csv (asyncsim.stability.measure) and a run's sharpness.csv.
 EDGES_COLUMNS = {"point": "text", "tau": "count", "schedule": "text", "momentum": MOMENTUM_KINDS,
-                 "beta": "number", "measured": "number", "closed_form": "number",
+                 "beta": "beta", "measured": "number", "closed_form": "number",
                  "staleness_mean": "number", "staleness_max": "number"}
 SHARPNESS_COLUMNS = {"update": "count", "sharpness": "number", "train_loss": "number",
-                     "lr": "number", "tau": "number", "lr_rule": "text", "edge": "number",
+                     "lr": "positive", "tau": "time", "lr_rule": "text", "edge": "number",
                      "bound": "number", "eta_lambda": "number"}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def test_every_checked_field_of_the_wrong_type_is_one_line(folders, tmp_path, re
     provenance.json are checked for is refused, naming the file and the field."""
     run_dir = _copy(folders["run"], tmp_path)
     _with(run_dir / f"{record}.json", **{field: {"a": [1]}})
-    with pytest.raises(DamagedFile, match=rf"{record}.json: damaged \({field}: must be"):
+    with pytest.raises(DamagedFile, match=rf"{record}.json: damaged \({field}: "
+                                          r"(must be|unknown driver \{'a': \[1\]\}; allowed)"):
         getattr(RunFolder(run_dir), record)
 
 
@@ -349,3 +351,24 @@ def test_open_sweep_is_one_row_per_point_with_its_keys_and_every_summary_scalar(
     assert list(ev.columns[:2]) == ["point", "optimizer.lr"] and len(ev) == 2 * 2
     last = ev.groupby("optimizer.lr")["test_error"].last()
     assert last.tolist() == t["final_test_error"].tolist()
+
+
+@pytest.mark.parametrize("columns,column,value,why", [
+    ("edges", "beta", 1.5, "allowed: momentum factors beta with |beta| < 1"),
+    ("edges", "tau", -1, "allowed: finite numbers >= 0"),
+    ("sharpness", "lr", 0.0, "allowed: finite numbers > 0"),
+    ("sharpness", "tau", float("nan"), "allowed: finite numbers >= 0"),
+])
+def test_table_values_out_of_range_are_refused(tmp_path, columns, column, value, why):
+    """The ranges a figure relies on (a closed-form edge needs |beta| < 1, a rate is
+    positive), checked as the table is read."""
+    from asyncsim.results import EDGES_COLUMNS, SHARPNESS_COLUMNS, checked_table
+
+    kinds = {"edges": EDGES_COLUMNS, "sharpness": SHARPNESS_COLUMNS}[columns]
+    good = {"tau": 2, "beta": 0.9, "lr": 0.1}
+    df = pd.DataFrame({column: [value, good[column]]})
+    checked_table(pd.DataFrame({column: [good[column]] * 2}), kinds, tmp_path / "t.csv",
+                  required=(column,))
+    with pytest.raises(DamagedFile, match=rf"t.csv: damaged \(column {column} holds "
+                                          rf"{value!r} at row 0; {re.escape(why)}"):
+        checked_table(df, kinds, tmp_path / "t.csv", required=(column,))
