@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from asyncsim import _checks
+from asyncsim.errors import ScenarioError
 from asyncsim.timing.delays import make_delay
 
 from ._common import save, trace_points
@@ -25,16 +26,21 @@ from ._common import save, trace_points
 NAME = "churn_staleness"
 
 
-def _mean(key: str, spec) -> float:
-    """The mean of a delay spec: its delay model's (:func:`asyncsim.make_delay`, which
-    checks the spec as a scenario's), a positive number (RunFolder.value)."""
-    return _checks.positive(f"{key} (its mean)", make_delay(spec, key=key).mean, finite=True)
+def _mean(run, key: str) -> float:
+    """The mean of the delay spec at ``key``: its delay model's (:func:`asyncsim.make_delay`,
+    which checks the spec as a scenario's; an ``empirical`` one's samples read from the run
+    folder), a positive number (RunFolder.value)."""
+    def mean(key: str, spec) -> float:
+        m = make_delay(spec, key=key, base_dir=run.path).mean
+        if m is None:
+            raise ScenarioError(key, "its delay model has no mean to estimate Little's law with")
+        return _checks.positive(f"{key} (its mean)", m, finite=True)
+    return run.value(key, None, mean)
 
 
 def _level(run) -> str:
     """The availability setting of a point, as its legend names it."""
-    up = run.value("cluster.availability.up", None, _mean)
-    down = run.value("cluster.availability.down", None, _mean)
+    up, down = _mean(run, "cluster.availability.up"), _mean(run, "cluster.availability.down")
     if run.recorded["cluster"]["availability"]["up"].get("dist") == "constant" and up >= 1e9:
         return "always up"
     share = down / (up + down)
@@ -51,7 +57,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
                                                             "up_fraction": 1.0}
         lost = int(down["lost_gradients"])
         rate = trace.num_gradients / (lam * end)  # applied per learner per unit time
-        t_mean = run.value("cluster.compute", None, _mean)
+        t_mean = _mean(run, "cluster.compute")
         rows.append({"availability": _level(run), "learners": lam,
                      "staleness_mean": stats["staleness_mean"],
                      "staleness_p99": stats["staleness_p99"],

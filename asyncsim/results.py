@@ -186,32 +186,24 @@ def _column_check(kind: str | tuple[str, ...]) -> Callable[[Any], str | None]:
     return check
 
 
-def _finite_nonneg(a):
-    import numpy as np
-    return np.isfinite(a) & (a >= 0)
+def _where(test: Callable[[Any], Any], *, nan: bool = False) -> Callable[[Any], Any]:
+    """The check of a column's values: finite and ``test``-true (or NaN, with ``nan``)."""
+    def ok(a):
+        import numpy as np
 
-
-def _finite_positive(a):
-    import numpy as np
-    return np.isfinite(a) & (a > 0)
-
-
-def _momentum_factor(a):
-    import numpy as np
-    return np.isfinite(a) & (np.abs(a) < 1)
-
-
-def _error_or_nan(a):  # NaN passes: an error that was not measured
-    return ~((a < 0) | (a > 1))
+        good = np.isfinite(a) & test(a)
+        return good | np.isnan(a) if nan else good
+    return ok
 
 
 # The values each numeric column kind allows ("number": any, NaN and infinities included).
 _RANGES: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "count": (_finite_nonneg, "finite numbers >= 0"),
-    "time": (_finite_nonneg, "finite numbers >= 0"),
-    "positive": (_finite_positive, "finite numbers > 0"),
-    "beta": (_momentum_factor, "momentum factors beta with |beta| < 1"),
-    "error": (_error_or_nan, "errors in [0, 1]"),
+    "count": (_where(lambda a: a >= 0), "finite numbers >= 0"),
+    "time": (_where(lambda a: a >= 0), "finite numbers >= 0"),
+    "time_or_nan": (_where(lambda a: a >= 0, nan=True), "finite numbers >= 0, or empty"),
+    "positive": (_where(lambda a: a > 0), "finite numbers > 0"),
+    "beta": (_where(lambda a: abs(a) < 1), "momentum factors beta with |beta| < 1"),
+    "error": (_where(lambda a: (a >= 0) & (a <= 1), nan=True), "errors in [0, 1]"),
 }
 
 
@@ -227,10 +219,11 @@ UPDATE_COLUMNS = {"version": "count", "time": "time", "n_grads": "count", "start
 def checked_table(df: pd.DataFrame, columns: Mapping[str, str | tuple[str, ...]], path: Path,
                   *, required: tuple[str, ...] | None = None) -> pd.DataFrame:
     """``df`` (read from ``path``) once each of ``columns`` it holds is what ``columns``
-    says (``count``: integers >= 0; ``time``: finite numbers >= 0; ``number``: any numbers,
+    says (``count``: integers >= 0; ``time``: finite numbers >= 0, ``time_or_nan`` or NaN;
+    ``positive``: finite numbers > 0; ``beta``: finite, |β| < 1; ``number``: any numbers,
     NaN included; ``error``: numbers in [0, 1] or NaN; ``text``: any; a tuple: one of its
-    strings); ``required`` (default:
-    all of ``columns``) must be there. Otherwise a one-line DamagedFile naming the column."""
+    strings); ``required`` (default: all of ``columns``) must be there. Otherwise a
+    one-line DamagedFile naming the column."""
     need = tuple(columns) if required is None else required
     missing = [c for c in need if c not in df.columns]
     if missing:
@@ -422,7 +415,7 @@ EDGES_COLUMNS = {"point": "text", "tau": "count", "schedule": "text", "momentum"
                  "beta": "beta", "measured": "number", "closed_form": "number",
                  "staleness_mean": "number", "staleness_max": "number"}
 SHARPNESS_COLUMNS = {"update": "count", "sharpness": "number", "train_loss": "number",
-                     "lr": "positive", "tau": "time", "lr_rule": "text", "edge": "number",
+                     "lr": "positive", "tau": "time_or_nan", "lr_rule": "text", "edge": "number",
                      "bound": "number", "eta_lambda": "number"}
 
 
@@ -515,10 +508,8 @@ def open_run(path: str | Path) -> RunFolder:
         run.summary["final_test_error"], run.evals.plot(x="sim_time", y="test_error")
     """
     path = Path(path)
-    # A file only asyncsim writes (a sweep's index.csv aside), or the scenario that a run
-    # killed before its first other file has already written.
-    if (path / "index.csv").exists() or not any(
-            os.path.lexists(path / m) for m in (*RUN_MARKS, "scenario.toml")):
+    if os.path.lexists(path / "index.csv") or not any(
+            os.path.lexists(path / m) for m in _RUN_FILES):
         raise RunFolderError(_not_a_run(path))
     return RunFolder(path)
 
@@ -543,8 +534,12 @@ def _not_a_run(path: Path) -> str:
         return f"{path}: no such folder"
     if (path / "index.csv").exists():
         return f"{path}: a sweep folder; use asyncsim.open_sweep (or one of its points)"
-    return (f"{path}: not a run folder (none of scenario.toml, "
-            f"{', '.join(m for m in RUN_MARKS if m != 'index.csv')})")
+    return f"{path}: not a run folder (none of {', '.join(_RUN_FILES)})"
+
+
+# What marks a run folder (not a sweep's): a file only asyncsim writes, or the scenario that
+# a run killed before its first other file has already written.
+_RUN_FILES = (*(m for m in RUN_MARKS if m != "index.csv"), "scenario.toml")
 
 
 def run_folders(source: str | Path) -> list[RunFolder]:

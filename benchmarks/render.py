@@ -70,9 +70,11 @@ def _machine(rec: dict) -> str:
             f"`{rec['command']}`")
 
 
-def _section(path: Path) -> str:
+def _section(path: Path, script: str) -> str:
     rec = json.loads(path.read_text())
-    lines = [f"{rec['what']}. Measured on {_machine(rec)}.\n",
+    # bench_gpu's results are named by their backend (bench_gpu_cuda.json): say which
+    head = [f"### `{path.stem}`\n"] if path.stem != script else []
+    lines = [*head, f"{rec['what']}. Measured on {_machine(rec)}.\n",
              "| row | target | latest | spread | |", "|---|---|---|---|---|"]
     for row in rec["rows"]:
         note = f" ({row['note']})" if row.get("note") else ""
@@ -82,21 +84,27 @@ def _section(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _owner(result: str, scripts: list[str]) -> str | None:
+    """The script a result file is of: its name, or the longest script name it extends."""
+    mine = [s for s in scripts if result == s or result.startswith(f"{s}_")]
+    return max(mine, key=len, default=None)
+
+
 def render() -> str:
     """One section per benchmark script, whether or not it has a result, so that each
     script's anchor (``performance.md#bench_edges``) always exists."""
     parts = [HEAD]
-    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
-        parts.append(f"## `{script.stem}`\n")
-        # bench_gpu's results are named by their backend (bench_gpu_cuda.json)
-        results = sorted(p for p in RESULTS.glob("*.json")
-                         if p.stem == script.stem or p.stem.startswith(f"{script.stem}_"))
-        parts += [_section(p) for p in results]
-        if not results:
+    scripts = sorted(p.stem for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    results = sorted(RESULTS.glob("*.json"))
+    for script in scripts:
+        parts.append(f"## `{script}`\n")
+        mine = [p for p in results if _owner(p.stem, scripts) == script]
+        parts += [_section(p, script) for p in mine]
+        if not mine:
             why = (" It keeps its results only on a GPU, where they mean something; "
                    "`bench_gpu.py --tiny` checks its code on a CPU."
-                   if script.stem == "bench_gpu" else "")
-            parts.append(f"No result yet: `python benchmarks/{script.name}` writes one.{why}\n")
+                   if script == "bench_gpu" else "")
+            parts.append(f"No result yet: `python benchmarks/{script}.py` writes one.{why}\n")
     return "\n".join(parts)
 
 

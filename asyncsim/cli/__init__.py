@@ -69,12 +69,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stdout_broken() -> bool:
-    """Whether standard output is a pipe whose reader has gone (poll says POLLERR)."""
+    """Whether standard output is a pipe whose reader has gone (poll reports an error or a
+    hang-up on it). Where poll does not exist, assume it is (the quiet exit); where standard
+    output has no descriptor (captured, closed), it is not what broke."""
+    if not hasattr(select, "poll"):
+        return True
     try:
         poll = select.poll()
         poll.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(ev & select.POLLERR for _, ev in poll.poll(0))
-    except (OSError, ValueError, AttributeError):  # no descriptor (captured), or closed
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
         return False
 
 

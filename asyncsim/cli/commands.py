@@ -286,17 +286,16 @@ def cmd_show(args) -> int:
         done = states.count("complete")
         print(f"{path}: a sweep of {len(states)} points ({done} complete); keys "
               f"{', '.join(sweep.keys) or '(none)'}")
-        for name, state, (_, row) in zip(sweep.index["point"], states,
-                                         sweep.index.iterrows(), strict=True):
+        for (_, row), state in zip(sweep.index.iterrows(), states, strict=True):
             # A key this point leaves out (zipped keys) is empty in the index: not shown.
             keys = " ".join(f"{k}={_cell(row[k])}" for k in sweep.keys if row[k] == row[k])
-            print(f"  {name}  {keys}  {state}")
+            print(f"  {row['point']}  {keys}  {state}")
         return 0
     run = open_run(path)
     print(f"{path}: a {runs.KIND_LABELS[run.kind]}, {_state(run)}")
     if run.complete:
         print_summary({k: v for k, v in run.summary.items() if not isinstance(v, list | dict)})
-        again = (f"asyncsim replay {run.provenance['replay_of']} --out NEW_DIR"
+        again = (_replay_again(run.provenance, run.summary.get("replay_path"))
                  if run.kind == "replay" and run.provenance.get("replay_of")
                  else f"asyncsim {_VERB[run.kind]} {path / 'scenario.toml'} --out NEW_DIR")
         print(f"run it again: {again}")
@@ -305,6 +304,25 @@ def cmd_show(args) -> int:
     else:
         print(f"  {runs.unfinished_advice(path)}")
     return 0
+
+
+def _replay_again(prov, path: str | None) -> str:
+    """The command that made a replay (its ``--path`` and ``--set`` included), into a new
+    folder: the recorded one where it was the ``asyncsim replay`` command, else its source and
+    the path it took (a replay made from Python recorded no ``--set``)."""
+    import shlex
+
+    command = prov.get("command") or []
+    if command[1:2] == ["replay"]:
+        args, rest = [], iter(command[2:])
+        for a in rest:
+            if a == "--out":
+                next(rest, None)
+            elif not (a.startswith("--out=") or a == "--force"):
+                args.append(a)
+    else:
+        args = [prov["replay_of"], *(["--path", path] if path else [])]
+    return shlex.join(["asyncsim", "replay", *args, "--out", "NEW_DIR"])
 
 
 def _cell(v):
@@ -317,16 +335,15 @@ _VERB = {"online": "run", "replay": "run", "real": "real", "trace": "trace"}
 
 def _point_state(folder: Path) -> str:
     """A sweep point's :func:`_state`; ``not started`` where the sweep has not made it yet,
-    ``damaged (...)`` where its files are not what asyncsim writes (the others still
-    listed)."""
+    the damage where its files are not what asyncsim writes (the others still listed)."""
     from asyncsim.results import open_run
 
     try:
         return _state(open_run(folder))
     except runs.RunFolderError:
         return "not started"
-    except runs.ONE_LINE_ERRORS as e:
-        return f"damaged ({e})"
+    except runs.ONE_LINE_ERRORS as e:  # "summary.json: damaged (...); redo ..."
+        return str(e).removeprefix(f"{folder}/")
 
 
 def _state(run) -> str:

@@ -33,7 +33,8 @@ LEGEND = ("closed_form: the largest stable eta*lambda at constant delay tau (P2)
           "(NaN) at tau = 0 for momentum")
 
 
-def _check(args) -> None:
+def _check(args):
+    """Refuse bad arguments in one line; the ``--trace`` run folder, once it is usable."""
     try:
         for t in args.tau:
             integer("--tau", t, low=0)
@@ -52,18 +53,19 @@ def _check(args) -> None:
             raise e.with_file("asyncsim stability") from None
     if args.figure:
         runs.output_file(args.figure, flag="--figure", verb="stability")
-    if args.trace:
-        _run_trace(args.trace)  # refused before any table is printed
+    return _run_trace(args.trace) if args.trace else None  # before any table is printed
 
 
 def _run_trace(path):
-    """The run folder of ``--trace`` and its trace, once :func:`check_run_trace` takes it."""
+    """The run folder of ``--trace``, once :func:`check_run_trace` takes its trace (a
+    damaged or edited trace is the reader's own one-line error)."""
     from asyncsim.results import open_run
     from asyncsim.stability.measured import check_run_trace
 
     run = open_run(path)
+    trace = run.trace
     try:
-        check_run_trace(run.trace)
+        check_run_trace(trace)
     except ValueError as e:
         raise ScenarioError("--trace", f"{path}: {e}", file="asyncsim stability") from None
     return run
@@ -112,7 +114,7 @@ def draw_edges(table: pd.DataFrame, path: str | Path) -> Path:
 
 def stability_command(args) -> int:
     """Entry point of the CLI verb (args: tau, momentum, beta, measure, figure)."""
-    _check(args)
+    run = _check(args)
     table = stability_table(args.tau, args.momentum, args.beta, measure=args.measure)
     cols = ["tau", "momentum", "beta", "closed_form", "effective_edge", "asymptote"]
     if args.measure:
@@ -126,9 +128,9 @@ def stability_command(args) -> int:
                                   f"{'measured' if args.measure else 'closed_form'} / "
                                   "lambda_max" if args.sharpness is not None else ""),
                         width=100))
-    if args.trace:
+    if run is not None:
         print()
-        _run_edges(args)
+        _run_edges(args, run)
     if args.figure:
         print(f"figure: {draw_edges(table, args.figure)}")
     return 0
@@ -139,11 +141,10 @@ def _print(table: pd.DataFrame) -> None:
         print(table.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
 
 
-def _run_edges(args) -> None:
+def _run_edges(args, run) -> None:
     """The ``--trace RUN_DIR`` table: the edge measured on the run's own trace."""
     from asyncsim.stability.measured import run_edges
 
-    run = _run_trace(args.trace)
     table = run_edges(run.scenario, run.trace, args.momentum, args.beta)
     cols = ["momentum", "beta", "measured", "closed_form_at_mean", "closed_form_at_max",
             "measured_over_mean"]

@@ -123,7 +123,8 @@ def scenario_changes(saved: Mapping[str, Any], scn: Scenario, *,
 def scenario_differences(saved: Mapping[str, Any], scn: Scenario, *,
                          now: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
     """:func:`scenario_changes` with the values: ``(key, the record's, scn's)``, a value
-    either side leaves out being its default."""
+    either side leaves out being its default, or :data:`NOT_SET` where there is none (a
+    protocol's option that the other protocol lacks)."""
     now = _with_option_defaults(drop_defaults(
         _plain(now if now is not None else folder_scenario(scn)[0])))
     then = _with_option_defaults(drop_defaults(_plain(dict(saved))))
@@ -134,13 +135,23 @@ def scenario_differences(saved: Mapping[str, Any], scn: Scenario, *,
     flat_then, flat_now = flatten(then), flatten(now)
     # A key one side leaves out and the other holds at its default is the same setting
     # (a field added by a later asyncsim; a default an older one recorded).
-    return [(k, flat_then.get(k, defaults.get(k)), flat_now.get(k, defaults.get(k)))
+    return [(k, flat_then.get(k, defaults.get(k, NOT_SET)),
+             flat_now.get(k, defaults.get(k, NOT_SET)))
             for k in changed_keys(then, now)
             if not (k not in flat_then and flat_now.get(k) == defaults.get(k, _NONE))
             and not (k not in flat_now and flat_then.get(k) == defaults.get(k, _NONE))]
 
 
 _NONE = object()
+
+
+class _NotSet:
+    def __repr__(self) -> str:
+        return "not set"
+
+
+#: A key that one side of :func:`scenario_differences` does not set, and that has no default.
+NOT_SET = _NotSet()
 
 
 def _with_option_defaults(d: dict[str, Any]) -> dict[str, Any]:

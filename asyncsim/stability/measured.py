@@ -285,7 +285,7 @@ def check_run_trace(trace: Trace) -> None:
     number per update), or one too short for its growth windows to span ten delay periods
     (at least ``20 (τ_max + 1)`` updates, and 200): a floor below which the verdicts are
     noise, not a guarantee of :func:`default_steps`' 0.1% margin."""
-    if trace.uniform_n_grads is None:
+    if trace.num_updates and trace.uniform_n_grads is None:
         raise ValueError("its updates take different numbers of gradients; the edge is "
                          "measured on traces whose updates all take the same number")
     need = max(200, 20 * (int(trace.max_staleness) + 1))

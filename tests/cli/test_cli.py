@@ -544,3 +544,20 @@ def test_a_broken_pipe_other_than_stdout_is_not_swallowed(monkeypatch, capsys):
     monkeypatch.setattr(commands, "cmd_show", broken)
     with pytest.raises(BrokenPipeError):
         main(["show", "anywhere"])
+
+
+def test_a_broken_pipe_elsewhere_with_a_live_reader_keeps_its_traceback(tmp_path):
+    """Standard output a pipe whose reader is still there: a BrokenPipeError from elsewhere
+    is a failure (exit 1, traceback), not the quiet exit of `asyncsim compare | head`."""
+    script = tmp_path / "broken.py"
+    script.write_text(
+        "import sys\n"
+        "import asyncsim.cli.commands as commands\n"
+        "from asyncsim.cli import main\n"
+        "def broken(args):\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        "commands.cmd_show = broken\n"
+        "sys.exit(main(['show', 'anywhere']))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "BrokenPipeError" in r.stderr, (r.returncode, r.stderr)

@@ -85,8 +85,8 @@ def test_a_sweep_is_one_line_per_point(made, capsys):
     lines = _show(capsys, made / "hurt")[1]
     assert lines[0] == f"{made / 'hurt'}: a sweep of 2 points (1 complete); keys optimizer.lr"
     assert lines[1] == "  p000  optimizer.lr=0.01  complete"
-    assert lines[2].startswith("  p001  optimizer.lr=0.02  damaged (") and \
-        "summary.json: damaged (updates: must be" in lines[2]
+    assert lines[2].startswith("  p001  optimizer.lr=0.02  summary.json: damaged (updates: "
+                               "must be")
     # Zipped keys: a key a point leaves out is not shown, an integer is shown as one.
     rc, lines, _ = _show(capsys, made / "zipped")
     assert lines[1:] == ["  p000  protocol.kind=hardsync  complete",
@@ -118,7 +118,16 @@ def test_a_replay_and_an_empty_summary(made, tmp_path, capsys):
                  "--quiet"]) == 0
     rc, lines, _ = _show(capsys, tmp_path / "r")
     assert rc == 0 and lines[0] == f"{tmp_path / 'r'}: a replay, complete"
-    assert f"run it again: asyncsim replay {made / 'complete'} --out NEW_DIR" in lines
+    # Made from Python (here, in-process), it recorded its source and path, not a command.
+    assert f"run it again: asyncsim replay {made / 'complete'} --path loop --out NEW_DIR" in lines
+    # Made by the asyncsim command: that command, into a new folder.
+    prov = json.loads((tmp_path / "r" / "provenance.json").read_text())
+    (tmp_path / "r" / "provenance.json").write_text(json.dumps({**prov, "command": [
+        "/bin/asyncsim", "replay", str(made / "complete"), "--path", "scan", "--set",
+        "optimizer.lr=0.01", "--out", "old", "--force", "--quiet"]}))
+    assert _show(capsys, tmp_path / "r")[1][-2] == (
+        f"run it again: asyncsim replay {made / 'complete'} --path scan --set "
+        "optimizer.lr=0.01 --quiet --out NEW_DIR")
     (tmp_path / "r" / "summary.json").write_text("{}")
     rc, lines, err = _show(capsys, tmp_path / "r")
     assert rc == 0 and err == "" and lines[1].startswith("run it again: ")

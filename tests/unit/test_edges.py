@@ -276,3 +276,23 @@ def test_cli_stability_refuses_a_trace_it_cannot_measure_before_printing(
     assert out == ""  # refused before the closed-form table
     assert err.startswith(f"asyncsim: error: asyncsim stability: --trace: {tmp_path / 't'}: "
                           f"{why}")
+
+
+def test_cli_stability_names_an_edited_trace_as_the_reader_does(tmp_path, capsys):
+    """A trace edited after the run (one learner id changed) is the reader's one line, not
+    re-labelled as a trace the edge search cannot measure."""
+    import pandas as pd
+
+    from asyncsim._io import dump_toml
+
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({"run": {"updates": 300}}))
+    assert main(["trace", str(path), "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    grads = pd.read_parquet(tmp_path / "t" / "trace_grads.parquet")
+    grads.loc[0, "learner"] = (grads.loc[0, "learner"] + 1) % grads["learner"].max()
+    grads.to_parquet(tmp_path / "t" / "trace_grads.parquet", index=False)
+    capsys.readouterr()
+    assert main(["stability", "--tau", "1", "--trace", str(tmp_path / "t")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "does not match its recorded trace_hash" in err
+    assert "--trace:" not in err and err.count("\n") == 1

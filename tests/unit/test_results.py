@@ -357,7 +357,7 @@ def test_open_sweep_is_one_row_per_point_with_its_keys_and_every_summary_scalar(
     ("edges", "beta", 1.5, "allowed: momentum factors beta with |beta| < 1"),
     ("edges", "tau", -1, "allowed: finite numbers >= 0"),
     ("sharpness", "lr", 0.0, "allowed: finite numbers > 0"),
-    ("sharpness", "tau", float("nan"), "allowed: finite numbers >= 0"),
+    ("sharpness", "tau", -2.0, "allowed: finite numbers >= 0, or empty"),
 ])
 def test_table_values_out_of_range_are_refused(tmp_path, columns, column, value, why):
     """The ranges a figure relies on (a closed-form edge needs |beta| < 1, a rate is
@@ -369,6 +369,9 @@ def test_table_values_out_of_range_are_refused(tmp_path, columns, column, value,
     df = pd.DataFrame({column: [value, good[column]]})
     checked_table(pd.DataFrame({column: [good[column]] * 2}), kinds, tmp_path / "t.csv",
                   required=(column,))
+    # A protocol without a fixed delay writes no staleness for the sharpness table: NaN.
+    checked_table(pd.DataFrame({"tau": [math.nan] * 2}), SHARPNESS_COLUMNS, tmp_path / "s.csv",
+                  required=("tau",))
     with pytest.raises(DamagedFile, match=rf"t.csv: damaged \(column {column} holds "
                                           rf"{value!r} at row 0; {re.escape(why)}"):
         checked_table(df, kinds, tmp_path / "t.csv", required=(column,))
