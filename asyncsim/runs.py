@@ -161,6 +161,11 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
         raise RunFolderError(f"{folder}: no such run folder to resume")
     if is_complete(folder):
         return folder  # prepare() says there is nothing to resume
+    if (folder / "index.csv").exists():
+        # A sweep checkpoints by point: running its scenario again skips the complete ones.
+        raise RunFolderError(f"{folder}: a sweep folder; a sweep goes on when its scenario "
+                             f"runs again into it (asyncsim run SCENARIO --out {folder}), "
+                             "which keeps its complete points")
     kind = driver_of(folder)
     if kind == "replay":
         # Resuming a replay as an online run would simulate a new timeline in its place (a

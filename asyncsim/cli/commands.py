@@ -284,12 +284,20 @@ def cmd_show(args) -> int:
         sweep = open_sweep(path)
         states = [_point_state(path / name) for name in sweep.index["point"]]
         done = states.count("complete")
-        print(f"{path}: a sweep of {len(states)} points ({done} complete); keys "
-              f"{', '.join(sweep.keys) or '(none)'}")
+        diverged = sum(s.startswith("diverged") for s in states)
+        left = len(states) - done - diverged
+        print(f"{path}: a sweep of {len(states)} points ({done} complete"
+              + (f", {diverged} diverged" if diverged else "")
+              + (f", {left} to run" if left else "")
+              + f"); keys {', '.join(sweep.keys) or '(none)'}")
         for (_, row), state in zip(sweep.index.iterrows(), states, strict=True):
             # A key this point leaves out (zipped keys) is empty in the index: not shown.
             keys = " ".join(f"{k}={_cell(row[k])}" for k in sweep.keys if row[k] == row[k])
             print(f"  {row['point']}  {keys}  {state}")
+        if left:
+            # A sweep checkpoints by point (asyncsim.sweep): running it again keeps them.
+            print(f"go on: asyncsim run SCENARIO --out {path} (its scenario file; the "
+                  "complete points are kept)")
         return 0
     run = open_run(path)
     print(f"{path}: a {runs.KIND_LABELS[run.kind]}, {_state(run)}")

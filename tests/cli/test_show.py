@@ -77,13 +77,23 @@ def test_a_sweep_is_one_line_per_point(made, capsys):
 
     shutil.copytree(made / "sweep", made / "half")
     shutil.rmtree(made / "half" / "p001")
-    assert _show(capsys, made / "half")[1][1:] == ["  p000  optimizer.lr=0.01  complete",
-                                                  "  p001  optimizer.lr=0.02  not started"]
+    assert _show(capsys, made / "half")[1] == [
+        f"{made / 'half'}: a sweep of 2 points (1 complete, 1 to run); keys optimizer.lr",
+        "  p000  optimizer.lr=0.01  complete", "  p001  optimizer.lr=0.02  not started",
+        f"go on: asyncsim run SCENARIO --out {made / 'half'} (its scenario file; the complete "
+        "points are kept)"]
+    # --resume continues a run, not a sweep: it says how a sweep goes on instead.
+    assert main(["run", "--resume", str(made / "half")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"asyncsim: error: {made / 'half'}: a sweep folder; a sweep goes on when its scenario "
+        f"runs again into it (asyncsim run SCENARIO --out {made / 'half'}), which keeps its "
+        "complete points")
     # A damaged point is listed as damaged, the others still shown.
     shutil.copytree(made / "sweep", made / "hurt")
     (made / "hurt" / "p001" / "summary.json").write_text('{"updates": "many"}')
     lines = _show(capsys, made / "hurt")[1]
-    assert lines[0] == f"{made / 'hurt'}: a sweep of 2 points (1 complete); keys optimizer.lr"
+    assert lines[0] == (f"{made / 'hurt'}: a sweep of 2 points (1 complete, 1 to run); keys "
+                        "optimizer.lr")
     assert lines[1] == "  p000  optimizer.lr=0.01  complete"
     assert lines[2].startswith("  p001  optimizer.lr=0.02  summary.json: damaged (updates: "
                                "must be")
