@@ -22,15 +22,22 @@ aggregates it (so it combines with every lr rule, momentum kind, style and optax
   ICLR 2020 (arXiv:1909.10802): the Gap of each parameter, ``|theta_now - theta_read|``
   normalised by ``C``, the typical distance a parameter moves in one step; the gradient is
   divided element-wise by ``G = 1 + |theta_now - theta_read| / C`` (``G = 1`` for a fresh
-  gradient, linear in the gap beyond). ``C = sqrt(v_hat) + eps``: the root mean square of
-  the parameter's recent steps, ``v`` the exponential moving average of the squared update
-  ``(theta_{t+1} - theta_t)^2`` (``gamma = 0.999``, bias-corrected as Adam's: ``v_hat = v /
-  (1 - gamma^k)`` after ``k`` updates). Under plain SGD that is ``lr * rms(g)``, the
-  normaliser of the authors' implementation; under momentum (their implementation then
-  averages the momentum buffer's square) or an optax transform it is the step those
-  actually take. The paper's text could not be consulted while this was written (no
-  network); the form follows its abstract ("penalizes stale gradients linearly to the Gap")
-  and the authors' group's public implementation.
+  gradient, linear in the gap beyond). ``C`` as the authors' group implements it (FTPipe's
+  ``GapAware`` and ``AdamGapAware``, "based on arXiv 1909.10802"):
+
+  - under SGD (no ``optimizer.transform``): ``C = lr_max * (sqrt(v / (1 - gamma^t)) + eps)``,
+    ``v`` the exponential moving average (``gamma = 0.999``) of the squared raw gradient,
+    updated with each gradient as it arrives, before its penalty, ``t`` the number of
+    gradients so far (that one included). With momentum on (``beta != 0``) ``v`` averages
+    the square of the momentum buffer as the update finds it instead (FTPipe's
+    ``momentum_buffer``, in gradient units: a ``caffe`` buffer, which holds rate-scaled
+    steps, divided by ``lr``; shifted momentum: the buffer of the gradient's learner).
+    ``lr_max`` is ``optimizer.lr``, the peak of every schedule (FTPipe's ``max_lr``).
+  - under an ``optimizer.transform`` (Adam's steps are not ``lr`` times a gradient):
+    ``C = sqrt(v / (1 - gamma^k)) + eps``, ``v`` the moving average of the squared step
+    ``(theta_{t+1} - theta_t)^2`` the transform took, updated after each of the ``k``
+    updates (FTPipe's ``AdamGapAware`` reads the same average of squared steps,
+    ``exp_step_avg_sq``; here bias-corrected as Adam's).
 
 Each kind is one function returning its :class:`_Kind` (``init``, ``correct``, ``after``),
 listed in ``_RULES`` with its parameters in :data:`KINDS`: adding a compensation is those
@@ -38,10 +45,11 @@ three entries in this file; the core's chain takes it through :func:`compensated
 :func:`step_statistics` with no other change.
 
 A gradient of staleness 0 (``theta_read = theta_now``) is unchanged by all three (bit for
-bit), though ``dc-asgd-a`` still counts it in its statistics. The statistics are part of the
-core's state (``CoreState.comp``), one array like each parameter plus a count: checkpointed
-and replayed with it. ``dc-asgd-a`` updates them gradient by gradient, in slot order;
-``gap-aware`` once per update, from the step the update took (:attr:`Compensation.after`).
+bit), though ``dc-asgd-a`` and ``gap-aware`` still count it in their statistics. The
+statistics are part of the core's state (``CoreState.comp``), one array like each parameter
+plus a count: checkpointed and replayed with it. ``dc-asgd-a`` and ``gap-aware`` under SGD
+update them gradient by gradient, in slot order; ``gap-aware`` under a transform once per
+update, from the step the update took (:attr:`Compensation.after`).
 
 The core stays a pure function: it takes the read versions' parameters as an argument
 (``apply(..., read_params=...)``); the drivers keep what it needs (the online driver's and
@@ -111,9 +119,10 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
 
 
 class _Kind(NamedTuple):
-    """One compensation's rule: ``init(params) -> stats``; ``correct(stats, g, gap, ok) ->
-    (g~, stats)`` for one gradient ``g`` with ``gap = theta_now - theta_read`` (``ok`` False
-    on a padding slot, whose statistics must not change); ``after(stats, before, now) ->
+    """One compensation's rule: ``init(params) -> stats``; ``correct(stats, g, gap, ok, ref,
+    lr) -> (g~, stats)`` for one gradient ``g`` with ``gap = theta_now - theta_read`` (``ok``
+    False on a padding slot, whose statistics must not change; ``ref`` the array whose
+    square gap-aware averages, ``lr`` the base rate); ``after(stats, before, now) ->
     stats``, the statistics after the update's step."""
 
     init: Callable[[Any], Any]
@@ -138,7 +147,7 @@ def _dc_asgd(p: dict[str, float]) -> _Kind:
     """DC-ASGD (Zheng et al. 2017, Sec. 3; MXNet's ``DCASGD``): ``g~ = g + lambda g g
     (theta_now - theta_read)``, element-wise; no statistics."""
 
-    def correct(stats, g, gap, ok):
+    def correct(stats, g, gap, ok, ref, lr):
         lam = jnp.float32(p["lambda"])
         return jax.tree_util.tree_map(lambda x, d: x + lam * x * x * d, g, gap), stats
 
@@ -151,7 +160,7 @@ def _dc_asgd_adaptive(p: dict[str, float]) -> _Kind:
     gradient before it is used."""
     tm = jax.tree_util.tree_map
 
-    def correct(stats, g, gap, ok):
+    def correct(stats, g, gap, ok, ref, lr):
         sq, count = stats
         m = jnp.float32(p["momentum"])
         sq_new = tm(lambda s, x: m * s + (1.0 - m) * x * x, sq, g)
@@ -165,19 +174,46 @@ def _dc_asgd_adaptive(p: dict[str, float]) -> _Kind:
     return _Kind(_second_moments, correct, _unchanged)
 
 
+def _penalised(g, gap, c):
+    """Gap-aware's penalty: ``g / (1 + |gap| / C)``, element-wise."""
+    return g / (1.0 + jnp.abs(gap) / c)
+
+
 def _gap_aware(p: dict[str, float]) -> _Kind:
-    """Gap-aware (Barkai et al. 2020): ``g~ = g / (1 + |theta_now - theta_read| / C)``, ``C
-    = sqrt(v_hat) + eps`` from the bias-corrected moving average ``v`` of the squared steps,
-    which :attr:`_Kind.after` updates once per update."""
+    """Gap-aware under SGD (Barkai et al. 2020; FTPipe's ``GapAware``): ``g~ = g / (1 +
+    |theta_now - theta_read| / C)``, ``C = lr (sqrt(v / (1 - gamma^t)) + eps)``, ``v`` the
+    moving average of ``ref^2`` (the raw gradient, or the momentum buffer), updated with
+    each gradient before its penalty."""
     tm = jax.tree_util.tree_map
 
-    def correct(stats, g, gap, ok):
+    def correct(stats, g, gap, ok, ref, lr):
+        sq, count = stats
+        gm = jnp.float32(p["gamma"])
+        eps = jnp.float32(p["eps"])
+        sq_new = tm(lambda s, r: gm * s + (1.0 - gm) * r * r, sq, ref)
+        corr = 1.0 - jnp.power(gm, count + 1.0)
+        out = tm(lambda x, s, d: _penalised(x, d, lr * (jnp.sqrt(s / corr) + eps)),
+                 g, sq_new, gap)
+        # A padding slot changes nothing: its statistics stay (its gradient is dropped later).
+        sq_kept = tm(lambda n, o: jnp.where(ok, n, o), sq_new, sq)
+        return out, (sq_kept, jnp.where(ok, count + 1.0, count))
+
+    return _Kind(_second_moments, correct, _unchanged)
+
+
+def _gap_aware_steps(p: dict[str, float]) -> _Kind:
+    """Gap-aware under an optax transform (FTPipe's ``AdamGapAware``): ``C = sqrt(v_hat) +
+    eps`` from the bias-corrected moving average ``v`` of the squared steps, which
+    :attr:`_Kind.after` updates once per update."""
+    tm = jax.tree_util.tree_map
+
+    def correct(stats, g, gap, ok, ref, lr):
         sq, count = stats
         # C from the steps so far (none yet: every gap is 0, G = 1)
         corr = 1.0 - jnp.power(jnp.float32(p["gamma"]), count)
         eps = jnp.float32(p["eps"])
-        out = tm(lambda x, s, d: x / (1.0 + jnp.abs(d) / (
-            jnp.sqrt(jnp.where(count > 0, s / corr, 0.0)) + eps)), g, sq, gap)
+        out = tm(lambda x, s, d: _penalised(x, d, jnp.sqrt(jnp.where(count > 0, s / corr, 0.0))
+                                            + eps), g, sq, gap)
         return out, stats
 
     def after(stats, before, now):
@@ -194,53 +230,77 @@ _RULES: dict[str, Callable[[dict[str, float]], _Kind]] = {
     "dc-asgd": _dc_asgd, "dc-asgd-a": _dc_asgd_adaptive, "gap-aware": _gap_aware}
 
 
-def make_compensation(spec: Mapping[str, Any], key: str = KEY) -> Compensation:
+def make_compensation(spec: Mapping[str, Any], key: str = KEY, *,
+                      transform: bool = False) -> Compensation:
     """The pure functions of a checked ``compensation`` table (see the module docstring):
-    the kind's rule applied gradient by gradient, in slot order."""
+    the kind's rule applied gradient by gradient, in slot order; ``transform``: the update
+    core has an ``optimizer.transform`` (gap-aware's ``C`` is then the rms step)."""
     kind, p = compensation_spec(spec, key)
-    rule = _RULES[kind](p)
+    rule = (_gap_aware_steps if kind == "gap-aware" and transform else _RULES[kind])(p)
     tm = jax.tree_util.tree_map
 
-    def one(stats, g, now, read, ok):
+    def one(stats, g, now, read, ok, ref, lr):
         """One gradient: (its compensated value, the statistics after it)."""
-        return rule.correct(stats, g, tm(lambda a, b: a - b, now, read), ok)
+        return rule.correct(stats, g, tm(lambda a, b: a - b, now, read), ok, ref, lr)
 
-    def apply(state, grads, params_now, read, valid):
+    def apply(state, grads, params_now, read, valid, refs=None, lr=None):
+        """``refs``: gap-aware's averaged array per slot (leading axis c; None: the
+        gradients themselves); ``lr``: the base rate."""
         c = jax.tree_util.tree_leaves(grads)[0].shape[0]
         valid = jnp.ones((c,), bool) if valid is None else valid
+        refs = grads if refs is None else refs
         if c == 1:
-            g, state = one(state, tm(lambda x: x[0], grads), params_now,
-                           tm(lambda x: x[0], read), valid[0])
+            first = functools.partial(tm, lambda x: x[0])
+            g, state = one(state, first(grads), params_now, first(read), valid[0],
+                           first(refs), lr)
             return tm(lambda x: x[None], g), state
 
         def slot(stats, xs):
-            g_l, r_l, ok = xs
-            g, stats = one(stats, g_l, params_now, r_l, ok)
+            g_l, r_l, ok, ref_l = xs
+            g, stats = one(stats, g_l, params_now, r_l, ok, ref_l, lr)
             return stats, g
 
-        state, out = jax.lax.scan(slot, state, (grads, read, valid))
+        state, out = jax.lax.scan(slot, state, (grads, read, valid, refs))
         return out, state
 
     return Compensation(kind, rule.init, apply, rule.after)
 
 
-def compensated(comp: Compensation) -> Piece:
+def compensated(comp: Compensation, *, buffer: str = "none", caffe: bool = False) -> Piece:
     """The chain's piece of a compensation: each gradient rewritten from its read version
     (``Update.read_params``) and the fresh weights, in slot order, before the rule weights
-    it; padding slots stay 0. Owns ``CoreState.comp``.
+    it; padding slots stay 0. Owns ``CoreState.comp``. ``buffer`` says where the update
+    core keeps momentum (``"none"``, ``"one"`` buffer, or ``"per-learner"`` for shifted
+    momentum) and ``caffe`` whether it holds rate-scaled steps: gap-aware under SGD averages
+    the buffer's square, in gradient units, while ``beta != 0``.
 
     Raises:
         ValueError: ``apply`` was given no ``read_params``.
     """
+    tm = jax.tree_util.tree_map
 
     def init(params):
         return {"comp": comp.init(params)}
+
+    def refs(u, state):
+        """Per slot, the array gap-aware averages the square of (module docstring)."""
+        if buffer == "none":
+            return u.grads
+        lr = state.hyper["lr"]
+        unit = (lambda b: b / lr) if caffe else (lambda b: b)
+        if buffer == "one":
+            bufs = tm(lambda b, g: jnp.broadcast_to(unit(b), g.shape), state.momentum, u.grads)
+        else:  # per learner: the buffer of the learner that computed the slot's gradient
+            bufs = tm(lambda b: unit(b[u.learner_ids]), state.momentum)
+        on = state.hyper["beta"] != 0  # FTPipe: momentum_buffer only while momentum != 0
+        return tm(lambda b, g: jnp.where(on, b.astype(g.dtype), g), bufs, u.grads)
 
     def update(u, state):
         if u.read_params is None:
             raise ValueError("optimizer.compensation needs read_params, the parameters each "
                              "gradient was computed on")
-        grads, stats = comp.apply(state.comp, u.grads, u.params, u.read_params, u.valid)
+        grads, stats = comp.apply(state.comp, u.grads, u.params, u.read_params, u.valid,
+                                  refs(u, state), state.hyper["lr"])
         if u.valid is not None:  # a padding slot's rewritten value is dropped as before
             grads = zero_padding(grads, u.valid)
         return u._replace(grads=grads), state._replace(comp=stats)
@@ -250,8 +310,8 @@ def compensated(comp: Compensation) -> Piece:
 
 def step_statistics(comp: Compensation) -> Piece:
     """The chain's piece after the descent: the compensation's statistics of the step the
-    update took (:attr:`Compensation.after`; gap-aware's ``v``), from the fresh weights
-    ``Update.params`` and the new ``CoreState.params``."""
+    update took (:attr:`Compensation.after`; gap-aware's ``v`` under a transform), from the
+    fresh weights ``Update.params`` and the new ``CoreState.params``."""
 
     def update(u, state):
         return u, state._replace(comp=comp.after(state.comp, u.params, state.params))

@@ -241,13 +241,16 @@ def core_pieces(
     schedule = make_schedule(opt, updates_per_epoch)
     torch = style == "torch"
     tx = None if opt.transform is None else make_transform(opt.transform)
-    comp = None if opt.compensation is None else make_compensation(opt.compensation)
+    comp = (None if opt.compensation is None
+            else make_compensation(opt.compensation, transform=tx is not None))
 
     pieces = [running_mean_staleness()]
     if staleness_from == "nominal":
         pieces.append(nominal_delay(nominal_staleness))
     if comp is not None:
-        pieces.append(compensated(comp))
+        buffer = ("none" if tx is not None or kind == "none"
+                  else "per-learner" if kind == "shifted" else "one")
+        pieces.append(compensated(comp, buffer=buffer, caffe=not torch))
     # caffe: the rule gives each gradient its rate; torch and transforms: its weight at rate
     # 1, the rate multiplying the buffer's (or the transform's) step.
     pieces.append(rule_rates(rule, rate_outside=torch or tx is not None))

@@ -42,8 +42,9 @@ def closed_form_applies(optimizer) -> tuple[bool, str]:
       distance feels it (measured at τ = 4, 6,000 updates from w = 1: dc-asgd, λ = 0.04,
       0.3474 on the quadratic λ_h = 0.01 but 0.3538 on λ_h = 1; dc-asgd-a 0.3565 and
       0.3555; plain 0.3473);
-    * ``gap-aware``: no -- dividing by ``1 + |Δθ|/C`` with ``C`` the rms step is homogeneous of
-      degree 1, not linear: the ratio does not vanish near the minimum;
+    * ``gap-aware``: no -- it divides by ``1 + |Δθ|/C`` with ``C`` a running rms of the
+      gradients (or of the steps), which shrinks with the distance from the minimum as
+      ``Δθ`` does: the ratio does not vanish near it, and the dynamics are not linear;
     * an optax ``transform``: no (adaptive preconditioners are not linear), except
       ``sgd``, which is torch-style SGD: the plain edge, or with ``momentum`` the heavy-ball
       (``nesterov``: Nesterov) edge at that beta.
@@ -65,8 +66,8 @@ def closed_form_applies(optimizer) -> tuple[bool, str]:
                       f"{transform['momentum']} (torch style), divided by rule(1, τ)")
     comp = get("compensation")
     if comp is not None and comp.get("kind") == "gap-aware":
-        return False, ("gap-aware divides by 1 + |Δθ|/C, C the rms step: homogeneous, not "
-                       "linear near the minimum; no closed form (measure it)")
+        return False, ("gap-aware divides by 1 + |Δθ|/C, C a running rms of the gradients: "
+                       "not linear near the minimum; no closed form (measure it)")
     if comp is not None:
         return True, (f"{comp.get('kind')}: its correction is of higher order in the distance "
                       "from the minimum: the plain delayed edge is its linear-stability edge")

@@ -297,7 +297,25 @@ def dc_asgd_a(lam=2.0, momentum=0.95, eps=1e-7):
     return compensate
 
 
-def gap_aware(gamma=0.999, eps=1e-8):
+def gap_aware(lr, gamma=0.999, eps=1e-8):
+    """Gap-aware under SGD, as FTPipe's GapAware: v <- gamma v + (1 - gamma) g^2 with the raw
+    gradient, t <- t + 1, then C = lr (sqrt(v / (1 - gamma^t)) + eps), each gradient in turn."""
+    gm, eps, lr = np.float32(gamma), np.float32(eps), np.float32(lr)
+
+    def compensate(g, now, read, stats):
+        v, t = stats if stats is not None else ([np.zeros_like(x) for x in g], 0)
+        v = [gm * s + (np.float32(1) - gm) * x * x for s, x in zip(v, g, strict=True)]
+        corr = np.float32(1) - np.float32(float(gm) ** (t + 1))
+        out = [x / (np.float32(1) + np.abs(a - b) / (lr * (np.sqrt(s / corr) + eps)))
+               for x, s, a, b in zip(g, v, now, read, strict=True)]
+        return out, (v, t + 1)
+
+    return compensate
+
+
+def gap_aware_steps(gamma=0.999, eps=1e-8):
+    """Gap-aware under a transform, as FTPipe's AdamGapAware: C = sqrt(v_hat) + eps with v
+    the moving average of the squared steps, updated after each update."""
     gm, eps = np.float32(gamma), np.float32(eps)
 
     def compensate(g, now, read, stats):
@@ -329,9 +347,9 @@ COMPENSATIONS = {
     "dc-asgd-a": ({"kind": "dc-asgd-a"}, dc_asgd_a(), (ASYNC, SOFTSYNC)),
     "dc-asgd-a-options": ({"kind": "dc-asgd-a", "lambda": 1.0, "momentum": 0.5, "eps": 1e-6},
                           dc_asgd_a(1.0, 0.5, 1e-6), (SOFTSYNC,)),
-    "gap-aware": ({"kind": "gap-aware"}, gap_aware(), (ASYNC, SOFTSYNC)),
+    "gap-aware": ({"kind": "gap-aware"}, gap_aware(LR), (ASYNC, SOFTSYNC)),
     "gap-aware-options": ({"kind": "gap-aware", "gamma": 0.9, "eps": 1e-6},
-                          gap_aware(0.9, 1e-6), (ASYNC,)),
+                          gap_aware(LR, 0.9, 1e-6), (ASYNC,)),
 }
 COMP_CASES = [pytest.param(spec, comp, proto, id=f"{name}-{proto['kind']}")
               for name, (spec, comp, protos) in COMPENSATIONS.items() for proto in protos]
@@ -379,7 +397,7 @@ TX_CASES = {
     "adam+inverse-staleness+gap-aware": (
         {"lr": 0.01, "transform": {"name": "adam"}, "lr_rule": "inverse-staleness",
          "compensation": {"kind": "gap-aware"}},
-        SOFTSYNC, inverse_staleness, gap_aware(), optax.adam(0.01), 0.0),
+        SOFTSYNC, inverse_staleness, gap_aware_steps(), optax.adam(0.01), 0.0),
 }
 
 
