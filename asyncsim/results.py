@@ -144,7 +144,7 @@ SUMMARY_FIELDS: dict[str, Check] = {
                      "lr_at_mean_tau", "lr_at_tau", "initial_sharpness", "final_sharpness",
                      "final_sharpness_lanczos", "max_abs_diff_to_source"), _measured),
     **dict.fromkeys(("diverged", "exact"), _checks.flag),
-    "matches_source": _optional(_checks.flag),
+    **dict.fromkeys(("matches_source", "never_learned"), _optional(_checks.flag)),
     **dict.fromkeys(("backend", "grouping", "kind", "name", "param_hash", "trace_hash",
                      "stop_reason", "replay_path", "replay_store", "sweep_path"), _text),
     "source_param_hash": _OPT_TEXT,

@@ -38,6 +38,7 @@ from asyncsim.drivers.metrics import (
     Recorder,
     eval_record,
     first_diverged,
+    never_learned,
     params_finite,
     update_means,
 )
@@ -389,6 +390,8 @@ class Driver:
             "final_train_loss": last.train_loss,
             "diverged": self.diverged_at is not None,
             "diverged_at": self.diverged_at,
+            "never_learned": never_learned([r.test_error for r in self.rec.evals],
+                                           num.y_test, num.model.num_classes),
             "param_hash": param_hash(final.params),
             "wall_time": time.perf_counter() - t0,
             "stop_reason": trace.meta.get("stop_reason"),

@@ -1,6 +1,7 @@
 """A run's metrics as it goes: the batch losses of its updates and its evaluations (what a
 checkpoint keeps and :meth:`asyncsim.drivers.driver.Driver.finish` writes), and the
-divergence rule read from them (:func:`first_diverged`, :func:`params_finite`)."""
+rules read from them: divergence (:func:`first_diverged`, :func:`params_finite`) and a run
+that never learned (:func:`never_learned`)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,27 @@ def eval_record(fields: dict[str, Any], result: tuple[float, float]) -> EvalReco
     the rest of its ``fields`` (version, gradients, sim_time, epoch, train_loss)."""
     test_loss, test_err = (float(x) for x in result)
     return EvalRecord(**fields, test_loss=test_loss, test_error=test_err)
+
+
+def chance_error(labels) -> float:
+    """The test error of always answering the most frequent class of ``labels``: what a
+    classifier that learned nothing scores (0.9 on ten balanced classes)."""
+    counts = np.bincount(np.asarray(labels).astype(np.int64).ravel())
+    return 1.0 - float(counts.max()) / float(counts.sum())
+
+
+def never_learned(test_errors, labels, num_classes: int | None) -> bool | None:
+    """Whether a classifier's run never learned: even its lowest test error over the run
+    is within two binomial standard errors of chance (:func:`chance_error`, on ``len(labels)``
+    test examples), as P1 counts a run that "does not converge" as failed. None without
+    classes (a regression's error is its loss) or a finite evaluation (a diverged one's NaN
+    says nothing of learning)."""
+    errors = [e for e in test_errors if e == e]
+    if num_classes is None or not errors or len(labels) == 0:
+        return None
+    chance = chance_error(labels)
+    noise = 2.0 * math.sqrt(chance * (1.0 - chance) / len(labels))
+    return bool(min(errors) >= chance - noise)
 
 
 DIVERGED_FACTOR = 1e6

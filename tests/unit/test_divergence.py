@@ -138,3 +138,25 @@ def test_nonfinite_parameters_are_a_divergence_at_the_update_that_made_them(fres
     assert stop(res.summary) == (3, 4, "diverged")
     assert not np.isfinite(res.summary["final_test_loss"])
     assert stop(replay_scan(scn, simulate(scn)).summary) == (3, 4, "diverged")
+
+
+def test_a_run_that_never_learns_says_so(tiny):
+    """``never_learned``: a classifier whose lowest test error stays within two binomial
+    standard errors of chance (the majority class's error) -- beside ``diverged``."""
+    from asyncsim.drivers.metrics import chance_error, never_learned
+
+    labels = np.repeat(np.arange(10), 100)  # ten balanced classes, 1,000 examples
+    assert chance_error(labels) == pytest.approx(0.9)
+    assert chance_error([0, 0, 0, 1]) == pytest.approx(0.25)
+    # two standard errors: 2 sqrt(0.9 * 0.1 / 1000) = 0.01897
+    assert never_learned([0.95, 0.8815], labels, 10) is True
+    assert never_learned([0.95, 0.8805], labels, 10) is False
+    assert never_learned([float("nan")], labels, 10) is None  # no evidence either way
+    assert never_learned([0.5], labels, None) is None  # a regression's error is its loss
+    # A run at a rate too small to move and the same run at a rate that learns (64 test
+    # examples, chance 0.890625: learned means below 0.8125).
+    still = run(tiny.with_defaults(optimizer={"lr": 1e-7})())
+    moved = run(tiny())
+    assert still.summary["never_learned"] is True and not still.summary["diverged"]
+    assert moved.summary["never_learned"] is False
+    assert moved.evals["test_error"].min() < 0.8125 <= still.evals["test_error"].min()
