@@ -57,7 +57,7 @@ def main() -> None:
     res["ray_init_s"] = time.perf_counter() - t
 
     for threads in (None, 1):
-        tag = "default" if threads is None else "1thread"
+        tag = "default" if threads is None else "one"
         t = time.perf_counter()
         cluster = RealCluster(args.learners, threads=threads)
         s0 = real_run(scn, out=out / f"warm-{tag}", force=True, cluster=cluster)
@@ -100,10 +100,11 @@ def main() -> None:
                     f"learners, {args.updates} async updates of the tiny MLP) against the "
                     "online simulator doing the same gradient work")
     report.row("real wall time / online wall time", res["real_over_online"])
-    for tag in ("default", "1thread"):
-        report.row(f"real run, {tag} threads: updates per second", res[f"real_updates_per_s_"
+    for tag, threads in (("default", "the default intra-op threads"),
+                         ("one", "one intra-op thread per actor")):
+        report.row(f"real run, {threads}: updates per second", res[f"real_updates_per_s_"
                                                                       f"{tag}"], unit="1/s")
-        report.row(f"real run, {tag} threads: Ray actors' start-up", res[f"startup_s_{tag}"],
+        report.row(f"real run, {threads}: Ray actors' start-up", res[f"startup_s_{tag}"],
                    unit="s")
     for kind in ("empirical", "parametric"):
         report.row(f"total variation distance of the staleness, real vs its {kind} "

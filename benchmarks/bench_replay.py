@@ -110,7 +110,7 @@ def replay_vs_plain(report, name, scn, repeat, *, scan=True):
                repeats=ratios(fastest_rounds, rounds[f"replay {path}"]))
 
 
-def sweep_vs_single(report, name, model, repeat):
+def sweep_vs_single(report, name, model, repeat, target=None):
     scn = load_scenario({
         "seed": 0, "model": model,
         "data": {"name": "synthetic-cifar", "batch_size": 16, "n_train": 1024, "n_test": 100},
@@ -137,12 +137,12 @@ def sweep_vs_single(report, name, model, repeat):
     t_single = min(singles.values())
     t_chosen = vm[path] if mode == "vmapped" else singles[path]
     report.row(f"16-point lr sweep as sweeps run it / 16 replays on their faster path, {name}",
-               t_chosen / t_single, target="<= 0.5", note=f"sweeps choose {mode} {path}")
+               t_chosen / t_single, target=target, note=f"sweeps choose {mode} {path}")
     print(f"3. 16-point lr sweep, {name}, 400 async updates at mu=16, eval every 100: "
           f"16 replays loop {singles['loop']:.2f} s / scan {singles['scan']:.2f} s; vmapped "
           f"loop {vm['loop']:.2f} s / scan {vm['scan']:.2f} s; sweeps choose {mode} {path} "
-          f"-> {t_chosen:.2f} s; ratio to the faster 16 replays {t_chosen / t_single:.3f} "
-          f"(target <= 0.5)")
+          f"-> {t_chosen:.2f} s; ratio to the faster 16 replays {t_chosen / t_single:.3f}"
+          + (f" (target {target})" if target else ""))
 
 
 def main() -> None:
@@ -180,8 +180,10 @@ def main() -> None:
     report.row(f"online / replay of the quickstart ({a.qs_epochs} epochs, compiling included)",
                t_online / t_replay)
 
+    # The target is the small model's, where the simulator's own work shows; the FLOP-bound
+    # model is context (its 16 points' arithmetic is the cost, shared or not).
     sweep_vs_single(report, "mlp [32] on 4x4-pooled input (small)",
-                    {"name": "mlp", "hidden": [32], "input_pool": 4}, a.repeat)
+                    {"name": "mlp", "hidden": [32], "input_pool": 4}, a.repeat, "<= 0.5")
     sweep_vs_single(report, "mlp [32] on the full 3072 input", {"name": "mlp", "hidden": [32]},
                     a.repeat)
     print(f"peak memory (max RSS): {peak_rss_mib():.0f} MiB")
