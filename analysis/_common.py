@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from asyncsim import _checks
@@ -83,6 +84,24 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
             "scenario": scn, "summary": run.summary, "has_eval": run.has_evals,
         })
     return pd.DataFrame(rows)
+
+
+def time_to_target(ev: pd.DataFrame, target: float) -> tuple[float, float]:
+    """(simulated time, epoch) at which test error first reaches ``target``; NaN if never."""
+    err, t, ep = (ev[c].to_numpy(float) for c in ("test_error", "sim_time", "epoch"))
+    # The evaluation before any update (epoch 0) does not count: a target met by the initial
+    # weights measures nothing.
+    hit = np.flatnonzero((err <= target) & (ep > 0))
+    if hit.size == 0:
+        return float("nan"), float("nan")
+    i = int(hit[0])
+    if i == 0 or err[i - 1] <= target:
+        # Only the (excluded) initial evaluation can be at/below the target before i: no
+        # crossing to interpolate, take the first counted evaluation.
+        return float(t[i]), float(ep[i])
+    # Interpolate between the last evaluation above the target and the first at/below it.
+    f = (err[i - 1] - target) / (err[i - 1] - err[i])
+    return float(t[i - 1] + f * (t[i] - t[i - 1])), float(ep[i - 1] + f * (ep[i] - ep[i - 1]))
 
 
 def setup_label(protocol: str, n) -> str:

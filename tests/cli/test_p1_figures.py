@@ -18,8 +18,8 @@ from asyncsim.cli import main
 from asyncsim.figures import draw_figure
 
 REPO = Path(__file__).resolve().parents[2]
-FIGURES = ["p1_f2_speedup", "p1_f3_lr_modulation", "p1_beyond"]
-PAPER = ["p1_f2_speedup", "p1_f3_lr_modulation"]
+FIGURES = ["p1_f2_speedup", "p1_f3_lr_modulation", "p1_beyond", "p1_tradeoff"]
+PAPER = ["p1_f2_speedup", "p1_f3_lr_modulation", "p1_tradeoff"]
 
 
 @pytest.fixture(scope="module", params=FIGURES)
@@ -34,7 +34,7 @@ def smoke_sweep(request, tmp_path_factory):
 
 # What each figure reads besides every point's summary.json, scenario.toml, provenance.json.
 READS = {"p1_f2_speedup": ("eval", "protocol.n"), "p1_f3_lr_modulation": ("eval", "protocol.n"),
-         "p1_beyond": ("updates", "protocol.n")}
+         "p1_beyond": ("updates", "protocol.n"), "p1_tradeoff": ("eval", "protocol.n")}
 
 
 @pytest.mark.parametrize("damage", ["summary", "scenario", "provenance", "read", "option"])
@@ -77,6 +77,8 @@ def test_smoke_profile_runs_and_draws(smoke_sweep, tmp_path):
         per = data.pivot_table(index=["protocol", "learners"], columns="link",
                                values="sim_time_per_epoch")
         assert (per["shared PS interface 10 Gb/s, fair"] > per["private links"]).all()
+    if name == "p1_tradeoff":
+        check_tradeoff(tmp_path / "redraw", index, summaries, out)
     if name == "p1_beyond":
         data = pd.read_csv(csv)
         # the x axis: the run's rate x its measured initial sharpness / the delayed edge
@@ -86,6 +88,53 @@ def test_smoke_profile_runs_and_draws(smoke_sweep, tmp_path):
         inv = data["lr_rule"] == "inverse-staleness"  # α0/τ at the run's mean staleness
         assert (data["rate"][inv] == data["alpha0"][inv] / data["tau"][inv].clip(lower=1)).all()
         assert (data["rate"][~inv] == data["alpha0"][~inv]).all()
+
+
+def check_tradeoff(drawn: Path, index: pd.DataFrame, summaries: dict, out: Path) -> None:
+    """P1's trade-off table from the smoke runs, by hand: per (setup, rule) the seeds'
+    final test errors, their 95% interval (two seeds: t = 12.706 times half their
+    difference), failures (diverged or never learned) and the time to the target."""
+    from asyncsim.analysis._common import time_to_target
+
+    from asyncsim.results import open_run
+
+    table = pd.read_csv(drawn / "p1_tradeoff_table.csv")
+    assert list(table[["setup", "rule"]].itertuples(index=False, name=None)) == [
+        ("hardsync", "hardsync"), ("4-softsync", "α0/τ"), ("30-softsync", "α0"),
+        ("30-softsync", "α0/τ")]
+    target = 0.9  # the smoke profile's [figure] target_test_error
+    for row in table.itertuples():
+        kind = "hardsync" if row.setup == "hardsync" else "softsync"
+        rule = {"α0/τ": "inverse-staleness"}.get(row.rule, "constant")
+        sel = index[(index["protocol.kind"] == kind)
+                    & (index["optimizer.lr_rule"] == rule)
+                    & ((index["protocol.n"] == int(row.setup.split("-")[0]))
+                       if kind == "softsync" else True)]
+        assert row.seeds == len(sel) == 2
+        runs = [open_run(out / p) for p in sel["point"]]
+        finals = [float(r.evals["test_error"].iloc[-1]) for r in runs]
+        assert row.final_test_error_mean == pytest.approx(sum(finals) / 2)
+        assert row.final_test_error_ci95 == pytest.approx(12.706 * abs(finals[0] - finals[1])
+                                                          / 2)
+        failed = [bool(summaries[p]["diverged"] or summaries[p]["never_learned"])
+                  for p in sel["point"]]
+        assert row.failed == sum(failed)
+        times = [time_to_target(r.evals, target)[0] for r, f in zip(runs, failed, strict=True)
+                 if not f]
+        times = [t for t in times if t == t]
+        assert row.reached_target == len(times)
+        if times:
+            assert row.time_to_target == pytest.approx(sum(times) / len(times))
+
+
+def test_the_t_quantiles_are_students():
+    from asyncsim.analysis.p1_tradeoff import t975
+    from scipy import stats
+
+    for df in range(1, 31):  # the table, to 3 decimals
+        assert t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=5e-4)
+    for df in (31, 40, 100, 1000):  # the expansion
+        assert t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-5)
 
 
 def test_caption_says_what_the_figure_was_made_from(smoke_sweep):

@@ -1,0 +1,192 @@
+"""P1's claim where it lives: accuracy against simulated time (``scenarios/p1_tradeoff.toml``).
+
+P1 (Zhang et al. 2016) claims that alpha0/tau keeps hardsync's accuracy at every n of
+n-softsync (lambda = 30) while running nearly lambda times as fast. This figure puts both
+halves on one axis, the simulated wall-clock time that the timing model gives every run:
+hardsync, alpha0 and alpha0/tau for each n of the sweep, over the seeds present.
+
+Reads ``index.csv`` and each point's ``eval.csv`` / ``summary.json`` / ``scenario.toml``
+only. The target test error is ``[figure] target_test_error`` of the runs' scenario; a
+run's time to it is the first evaluation at or below it, interpolated in simulated time
+(:func:`~._common.time_to_target`, the one P1-F2 uses). A run that diverged or never
+learned (``summary.json``'s ``diverged``, ``never_learned``) is a failure: it keeps its
+last evaluation in the mean final error and has no time to target.
+
+Intervals are 95% Student-t intervals over the seeds (``ci95`` the half-width; none with
+one seed).
+
+Outputs: ``NAME.png`` (left: test error against simulated time, the mean over seeds, for
+hardsync and both rules at each n; middle: final test error against n with its interval,
+hardsync as a band; right: simulated time to the target against n), ``NAME.csv`` (the
+plotted curves) and ``NAME_table.csv`` (per setup and rule: seeds, failures, final test
+and train error mean and ci95, time to target mean and ci95 over the seeds that reached
+it, how many reached it, and the speedup in time to target over hardsync).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from asyncsim import _checks
+
+from ._common import load_points, save, setup_label, setup_order, time_to_target
+
+NAME = "p1_tradeoff"
+RULES = {"constant": "α0", "inverse-staleness": "α0/τ"}
+
+
+# Student's t at 0.975 for 1..30 degrees of freedom (the standard table, to 3 decimals).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """Student's t quantile at 0.975 with ``df`` degrees of freedom: the table to 30, the
+    Cornish-Fisher expansion in 1/df beyond (within 2e-6 there)."""
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def ci95(values) -> float:
+    """The half-width of the 95% Student-t interval of the mean of ``values`` (NaN for
+    fewer than two finite values)."""
+    v = np.asarray([x for x in values if x == x], float)
+    if v.size < 2:
+        return math.nan
+    return float(t975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+
+
+def runs_table(points: pd.DataFrame, target: float) -> pd.DataFrame:
+    """One row per run: setup, rule, n, seed, final test and train error, whether it
+    failed, its time to the target."""
+    rows = []
+    for _, p in points.iterrows():
+        s, ev = p["summary"], p["run"].evals
+        failed = bool(s.get("diverged")) or bool(s.get("never_learned"))
+        t, _ = time_to_target(ev, target)
+        rows.append({"setup": setup_label(p["protocol"], p["n"]), "n": int(p["n"]),
+                     "rule": "hardsync" if p["protocol"] == "hardsync"
+                     else RULES.get(p["lr_rule"], p["lr_rule"]),
+                     "seed": int(p["seed"]),
+                     "final_test_error": float(ev["test_error"].iloc[-1]),
+                     "final_train_error": s.get("final_train_error", math.nan),
+                     "failed": failed,
+                     "time_to_target": math.nan if failed else t,
+                     "sim_time": s.get("sim_time")})
+    return pd.DataFrame(rows)
+
+
+def table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (setup, rule): seeds, failures, final errors and time to target (mean, ci95),
+    seeds that reached the target, speedup over hardsync in time to target."""
+    out = []
+    for (setup, rule, n), g in runs.groupby(["setup", "rule", "n"], sort=False):
+        reached = g["time_to_target"].dropna()
+        out.append({"setup": setup, "rule": rule, "n": n, "seeds": len(g),
+                    "failed": int(g["failed"].sum()),
+                    "final_test_error_mean": g["final_test_error"].mean(),
+                    "final_test_error_ci95": ci95(g["final_test_error"]),
+                    "final_train_error_mean": g["final_train_error"].mean(),
+                    "final_train_error_ci95": ci95(g["final_train_error"]),
+                    "reached_target": len(reached),
+                    "time_to_target": reached.mean() if len(reached) else math.nan,
+                    "time_to_target_ci95": ci95(reached)})
+    tab = pd.DataFrame(out)
+    hard = tab.loc[tab["setup"] == "hardsync", "time_to_target"]
+    base = float(hard.iloc[0]) if len(hard) else math.nan
+    tab["speedup_vs_hardsync"] = base / tab["time_to_target"]
+    order = [setup_order(s) for s in tab["setup"]]
+    return tab.iloc[sorted(range(len(tab)), key=lambda i: (order[i], tab["rule"].iloc[i]))
+                    ].reset_index(drop=True)
+
+
+def _curves(points: pd.DataFrame) -> pd.DataFrame:
+    """Mean test error against simulated time per (setup, rule), on each run's own
+    evaluation grid (the seeds of a setup share the number of updates between evaluations,
+    not the times: the mean is taken per evaluation index)."""
+    frames = []
+    for _, p in points.iterrows():
+        ev = p["run"].evals[["sim_time", "epoch", "test_error"]].copy()
+        ev["setup"] = setup_label(p["protocol"], p["n"])
+        ev["rule"] = ("hardsync" if p["protocol"] == "hardsync"
+                      else RULES.get(p["lr_rule"], p["lr_rule"]))
+        ev["step"] = range(len(ev))
+        ev["seed"] = int(p["seed"])
+        frames.append(ev)
+    c = pd.concat(frames, ignore_index=True)
+    return (c.groupby(["setup", "rule", "step"], sort=False)
+            .agg(sim_time=("sim_time", "mean"), epoch=("epoch", "mean"),
+                 test_error=("test_error", "mean"), seeds=("seed", "count"))
+            .reset_index().drop(columns="step"))
+
+
+def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
+    points = load_points(Path(sweep_dir))
+    if points.empty:
+        raise FileNotFoundError(f"{sweep_dir}: no complete runs")
+    target = points["run"].iloc[0].value("figure.target_test_error", 0.4,
+                                         _checks.unit_interval)
+    runs = runs_table(points, target)
+    tab = table(runs)
+    curves = _curves(points)
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.6))
+    hard = tab[tab["setup"] == "hardsync"]
+    ns = sorted(n for n in tab["n"].unique() if n)
+    colors = {n: plt.cm.viridis(i / max(len(ns) - 1, 1)) for i, n in enumerate(ns)}
+    for (setup, rule), cv in curves.groupby(["setup", "rule"], sort=False):
+        if rule == "hardsync":
+            a.plot(cv["sim_time"], cv["test_error"], color="k", lw=2, label="hardsync")
+            continue
+        n = int(setup.split("-")[0])
+        a.plot(cv["sim_time"], cv["test_error"], color=colors[n],
+               ls="-" if rule == "α0/τ" else ":", lw=1.2,
+               label=f"{setup}, {rule}")
+    a.axhline(target, color="0.6", lw=0.8, ls="--")
+    a.set_xscale("log")
+    a.set_xlabel("simulated time (one gradient's compute = 1)")
+    a.set_ylabel("test error (mean over seeds)")
+    a.set_title("test error against simulated time (dotted: α0, solid: α0/τ)", fontsize=9)
+    a.legend(fontsize=6, ncol=2)
+    panels = ((b, "final_test_error_mean", "final_test_error_ci95", "final test error"),
+              (c, "time_to_target", "time_to_target_ci95",
+               f"simulated time to test error ≤ {target:g}"))
+    for ax, col, ci, label in panels:
+        if not hard.empty and hard[col].notna().all():
+            m, h = float(hard[col].iloc[0]), float(hard[ci].fillna(0).iloc[0])
+            ax.axhspan(m - h, m + h, color="k", alpha=0.12)
+            ax.axhline(m, color="k", lw=1.5, label="hardsync")
+        for rule, marker in (("α0", "o"), ("α0/τ", "s")):
+            d = tab[tab["rule"] == rule]
+            ax.errorbar(d["n"], d[col], yerr=d[ci].fillna(0), marker=marker, capsize=3,
+                        label=rule)
+            for r in d[d["failed"] > 0].itertuples():
+                ax.annotate(f"{r.failed}/{r.seeds} failed", (r.n, d[col].loc[r.Index]),
+                            fontsize=6, textcoords="offset points", xytext=(4, 4))
+        ax.set_xscale("log")
+        ax.set_xticks(ns)
+        ax.set_xticklabels([str(n) for n in ns])
+        ax.set_xlabel("n (n-softsync, λ = 30)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    b.set_title("final test error, mean and 95% interval over seeds", fontsize=9)
+    c.set_title("time to target (seeds that reached it)", fontsize=9)
+    note = ""
+    if not hard.empty:
+        h = hard.iloc[0]
+        note = (f"Baseline (hardsync): final train error {100 * h['final_train_error_mean']:.1f}%,"
+                f" test error {100 * h['final_test_error_mean']:.1f}% (mean of "
+                f"{int(h['seeds'])} seeds). A failure is a run that diverged or never learned.")
+    fig.suptitle("P1's trade-off: accuracy against simulated time, hardsync, α0 and α0/τ",
+                 fontsize=10)
+    fig.tight_layout()
+    return save(fig, curves, out_dir, NAME, sources=(sweep_dir,), note=note,
+                tables={"table": tab})
