@@ -285,7 +285,8 @@ def cmd_show(args) -> int:
         states = [_point_state(path / name) for name in sweep.index["point"]]
         done = states.count("complete")
         diverged = sum(s.startswith("diverged") for s in states)
-        left = len(states) - done - diverged
+        # What running the sweep again makes: a damaged point is listed with its damage.
+        left = sum(s == "not started" or s.startswith("unfinished") for s in states)
         print(f"{path}: a sweep of {len(states)} points ({done} complete"
               + (f", {diverged} diverged" if diverged else "")
               + (f", {left} to run" if left else "")

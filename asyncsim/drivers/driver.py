@@ -390,8 +390,10 @@ class Driver:
             "final_train_loss": last.train_loss,
             "diverged": self.diverged_at is not None,
             "diverged_at": self.diverged_at,
+            # judged on the test examples the evaluations used (run.eval_samples)
             "never_learned": never_learned([r.test_error for r in self.rec.evals],
-                                           num.y_test, num.model.num_classes),
+                                           num.y_test[:self.scn.run.eval_samples],
+                                           num.model.num_classes),
             "param_hash": param_hash(final.params),
             "wall_time": time.perf_counter() - t0,
             "stop_reason": trace.meta.get("stop_reason"),

@@ -81,9 +81,9 @@ def chance_error(labels) -> float:
 def never_learned(test_errors, labels, num_classes: int | None) -> bool | None:
     """Whether a classifier's run never learned: even its lowest test error over the run
     is within two binomial standard errors of chance (:func:`chance_error`, on ``len(labels)``
-    test examples), as P1 counts a run that "does not converge" as failed. None without
-    classes (a regression's error is its loss) or a finite evaluation (a diverged one's NaN
-    says nothing of learning)."""
+    test examples the evaluations used), as P1 counts a run that "does not converge" as
+    failed. None without classes (a regression's error is its loss) or without a finite
+    evaluation (a diverged one's NaN says nothing of learning)."""
     errors = [e for e in test_errors if e == e]
     if num_classes is None or not errors or len(labels) == 0:
         return None

@@ -31,8 +31,12 @@ aggregates it (so it combines with every lr rule, momentum kind, style and optax
     gradients so far (that one included). With momentum on (``beta != 0``) ``v`` averages
     the square of the momentum buffer as the update finds it instead (FTPipe's
     ``momentum_buffer``, in gradient units: a ``caffe`` buffer, which holds rate-scaled
-    steps, divided by ``lr``; shifted momentum: the buffer of the gradient's learner).
-    ``lr_max`` is ``optimizer.lr``, the peak of every schedule (FTPipe's ``max_lr``).
+    steps, divided by ``lr`` -- with a schedule it keeps the schedule's factor, which a
+    ``torch`` buffer does not; shifted momentum: the buffer of the gradient's learner, or
+    the gradient itself where that buffer has not started, is still 0, which would make
+    ``C`` vanish and throw the learner's first stale gradient away). ``lr_max`` is
+    ``optimizer.lr``, the rate before any schedule (FTPipe's ``max_lr``, the largest rate
+    its schedule reached).
   - under an ``optimizer.transform`` (Adam's steps are not ``lr`` times a gradient):
     ``C = sqrt(v / (1 - gamma^k)) + eps``, ``v`` the moving average of the squared step
     ``(theta_{t+1} - theta_t)^2`` the transform took, updated after each of the ``k``
@@ -88,8 +92,9 @@ __all__ = ["KINDS", "Compensation", "compensated", "compensation_spec", "make_co
 
 
 class Compensation(NamedTuple):
-    """``init(params) -> state``; ``apply(state, grads, params_now, read, valid) -> (grads,
-    state)``: the c gradients (leading axis c) rewritten in slot order; ``after(state,
+    """``init(params) -> state``; ``apply(state, grads, params_now, read, valid, refs=None,
+    lr=None) -> (grads, state)``: the c gradients (leading axis c) rewritten in slot order
+    (``refs``, ``lr``: gap-aware's averaged arrays and base rate); ``after(state,
     params_before, params_after) -> state``: the statistics after the update's step."""
 
     kind: str
@@ -290,8 +295,10 @@ def compensated(comp: Compensation, *, buffer: str = "none", caffe: bool = False
         unit = (lambda b: b / lr) if caffe else (lambda b: b)
         if buffer == "one":
             bufs = tm(lambda b, g: jnp.broadcast_to(unit(b), g.shape), state.momentum, u.grads)
-        else:  # per learner: the buffer of the learner that computed the slot's gradient
-            bufs = tm(lambda b: unit(b[u.learner_ids]), state.momentum)
+        else:  # per learner: the buffer of the learner that computed the slot's gradient,
+            # the gradient where that buffer has not started (module docstring)
+            bufs = tm(lambda b, g: jnp.where(b[u.learner_ids] == 0, g, unit(b[u.learner_ids])),
+                      state.momentum, u.grads)
         on = state.hyper["beta"] != 0  # FTPipe: momentum_buffer only while momentum != 0
         return tm(lambda b, g: jnp.where(on, b.astype(g.dtype), g), bufs, u.grads)
 

@@ -92,8 +92,8 @@ def test_a_sweep_is_one_line_per_point(made, capsys):
     shutil.copytree(made / "sweep", made / "hurt")
     (made / "hurt" / "p001" / "summary.json").write_text('{"updates": "many"}')
     lines = _show(capsys, made / "hurt")[1]
-    assert lines[0] == (f"{made / 'hurt'}: a sweep of 2 points (1 complete, 1 to run); keys "
-                        "optimizer.lr")
+    # (not "to run": running the sweep again keeps a point whose summary exists)
+    assert lines[0] == f"{made / 'hurt'}: a sweep of 2 points (1 complete); keys optimizer.lr"
     assert lines[1] == "  p000  optimizer.lr=0.01  complete"
     assert lines[2].startswith("  p001  optimizer.lr=0.02  summary.json: damaged (updates: "
                                "must be")

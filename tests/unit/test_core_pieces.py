@@ -217,3 +217,26 @@ def test_core_pieces_is_the_documented_chain():
     assert _names(adam) == ["running_mean_staleness", "rule_rates", "softsync_weights",
                             "weight_decay", "aggregate", "server_transform"]
     assert _names(OptimizerConfig())[-2:] == ["aggregate", "descend"]
+
+
+def test_compensated_gap_aware_with_per_learner_buffers_by_hand():
+    """Shifted momentum: gap-aware averages the square of the gradient's learner's buffer
+    (caffe: divided by lr), or of the gradient itself where that buffer has not started --
+    a zero reference would make C vanish and crush the learner's first stale gradient."""
+    params = {"w": f32(1.0)}
+    comp = make_compensation({"kind": "gap-aware"})
+    piece = compensated(comp, buffer="per-learner", caffe=True)
+    bufs = {"w": f32([0.25], [0.0])}  # learner 0: 0.25 (caffe units, lr 0.5); 1: none yet
+    u = slots({"w": f32([2.0], [2.0])}, [1, 1], params=params,
+              read_params={"w": f32([0.5], [0.5])})
+    u = u._replace(learner_ids=jnp.asarray([0, 1], jnp.int32))
+    got = piece.update(u, state(params, momentum=bufs, comp=comp.init(params)))[0].grads["w"]
+    gm, lr, gap = 0.999, 0.5, 0.5
+    v1 = (1 - gm) * 0.5**2  # slot 0: learner 0's buffer / lr = 0.5
+    c1 = lr * (np.sqrt(v1 / (1 - gm)) + 1e-8)
+    v2 = gm * v1 + (1 - gm) * 2.0**2  # slot 1: learner 1 has no buffer yet: its gradient
+    c2 = lr * (np.sqrt(v2 / (1 - gm**2)) + 1e-8)
+    # float32's 1 - 0.999 is 1.3e-5 off: a few 1e-6 here
+    np.testing.assert_allclose(got[:, 0], [2.0 / (1 + gap / c1), 2.0 / (1 + gap / c2)],
+                               rtol=1e-5)
+    assert float(got[1, 0]) > 1.0  # not crushed to ~1e-8
