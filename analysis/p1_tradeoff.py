@@ -10,7 +10,8 @@ only. The target test error is ``[figure] target_test_error`` of the runs' scena
 run's time to it is the first evaluation at or below it, interpolated in simulated time
 (:func:`~._common.time_to_target`, the one P1-F2 uses). A run that diverged or never
 learned (``summary.json``'s ``diverged``, ``never_learned``) is a failure: it keeps its
-last evaluation in the mean final error and has no time to target.
+last evaluation in the mean final error and has no time to target. A run that learned and
+then fell back towards chance is not a failure; its final error says so.
 
 Intervals are 95% Student-t intervals over the seeds (``ci95`` the half-width; none with
 one seed).
@@ -153,7 +154,8 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     a.axhline(target, color="0.6", lw=0.8, ls="--")
     a.set_xscale("log")
     a.set_xlabel("simulated time (one gradient's compute = 1)")
-    a.set_ylabel("test error (mean over seeds)")
+    # a run that diverged stops: later points are the mean of the seeds still running
+    a.set_ylabel("test error (mean over the seeds still running)")
     a.set_title("test error against simulated time (dotted: α0, solid: α0/τ)", fontsize=9)
     a.legend(fontsize=6, ncol=2)
     panels = ((b, "final_test_error_mean", "final_test_error_ci95", "final test error"),
