@@ -66,6 +66,12 @@ def ci95(values) -> float:
     return float(t975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 
+def _rule(point) -> str:
+    """A point's rule as the figure names it: ``hardsync`` (tau = 0: no rule), α0, α0/τ."""
+    return ("hardsync" if point["protocol"] == "hardsync"
+            else RULES.get(point["lr_rule"], point["lr_rule"]))
+
+
 def runs_table(points: pd.DataFrame, target: float) -> pd.DataFrame:
     """One row per run: setup, rule, n, seed, final test and train error, whether it
     failed, its time to the target."""
@@ -75,8 +81,7 @@ def runs_table(points: pd.DataFrame, target: float) -> pd.DataFrame:
         failed = bool(s.get("diverged")) or bool(s.get("never_learned"))
         t, _ = time_to_target(ev, target)
         rows.append({"setup": setup_label(p["protocol"], p["n"]), "n": int(p["n"]),
-                     "rule": "hardsync" if p["protocol"] == "hardsync"
-                     else RULES.get(p["lr_rule"], p["lr_rule"]),
+                     "rule": _rule(p),
                      "seed": int(p["seed"]),
                      "final_test_error": float(ev["test_error"].iloc[-1]),
                      "final_train_error": s.get("final_train_error", math.nan),
@@ -118,8 +123,7 @@ def _curves(points: pd.DataFrame) -> pd.DataFrame:
     for _, p in points.iterrows():
         ev = p["run"].evals[["sim_time", "epoch", "test_error"]].copy()
         ev["setup"] = setup_label(p["protocol"], p["n"])
-        ev["rule"] = ("hardsync" if p["protocol"] == "hardsync"
-                      else RULES.get(p["lr_rule"], p["lr_rule"]))
+        ev["rule"] = _rule(p)
         ev["step"] = range(len(ev))
         ev["seed"] = int(p["seed"])
         frames.append(ev)

@@ -39,6 +39,20 @@ class Killed(Exception):
     """What :class:`DieAt` raises: a run killed in process."""
 
 
+def record_states(states: dict):
+    """A run's monitor that keeps every update's CoreState, as numpy arrays, in
+    ``states[version]``: what a hand re-execution starts each update from."""
+    import jax
+    import numpy as np
+
+    from asyncsim.drivers.driver import Observer
+
+    def record(version, state):
+        states[version] = jax.tree_util.tree_map(np.array, state)
+
+    return Observer(record)
+
+
 class DieAt:
     """A run's monitor that kills it (in process, so the point is exact) at update ``at``,
     after the checkpoints its scenario takes before then: an unfinished run folder."""

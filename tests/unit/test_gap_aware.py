@@ -18,11 +18,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import TINY, merged
+from conftest import TINY, merged, record_states
 
 from asyncsim.api import run
 from asyncsim.drivers.build import numerics_for
-from asyncsim.drivers.driver import Observer
 from asyncsim.scenario import load_scenario
 
 LR, GAMMA, EPS = 0.01, 0.999, 1e-8
@@ -41,13 +40,6 @@ def scenario(momentum, protocol, compensation=True):
         opt["compensation"] = {"kind": "gap-aware"}
     return load_scenario(merged(TINY, cluster=CLUSTER, protocol=protocol, optimizer=opt,
                                 run={"updates": 40, "eval_every": 0}))
-
-
-def record_states(states):
-    def record(version, state):
-        states[version] = jax.tree_util.tree_map(np.array, state)
-
-    return Observer(record)
 
 
 def f64(tree) -> list[np.ndarray]:

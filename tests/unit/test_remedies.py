@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pandas as pd
 import pytest
-from conftest import TINY, Killed, merged
+from conftest import TINY, Killed, merged, record_states
 
 from asyncsim.api import replay_folder, run
 from asyncsim.drivers.build import numerics_for
@@ -399,13 +399,6 @@ TX_CASES = {
          "compensation": {"kind": "gap-aware"}},
         SOFTSYNC, inverse_staleness, gap_aware_steps(), optax.adam(0.01), 0.0),
 }
-
-
-def record_states(states):
-    def record(version, state):
-        states[version] = jax.tree_util.tree_map(np.array, state)
-
-    return Observer(record)
 
 
 @pytest.mark.parametrize("name", list(TX_CASES))
