@@ -134,7 +134,7 @@ SUMMARY_FIELDS: dict[str, Check] = {
                      "vmapped_points", "replay_batch", "replay_gradient_calls",
                      "replay_pending_gradients", "replay_pool_bytes", "replay_version_bytes",
                      "replay_versions_held", "ps_version_bytes", "ps_versions_held", "threads",
-                     "blas_threads"), _count),
+                     "blas_threads", "numerics_revision"), _count),
     "diverged_at": _OPT_COUNT,
     **dict.fromkeys(("epochs", "sim_time", "staleness_mean", "staleness_p99", "staleness_std",
                      "wall_time", "real_wall_time", "startup_s", "updates_per_s"), _nonneg),

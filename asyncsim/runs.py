@@ -497,6 +497,7 @@ def bit_facts(prov: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, 
     versions = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
     facts = {k: prov.get(k) for k in BIT_FACTS}
     facts["backend"] = summary.get("backend")
+    facts["numerics_revision"] = summary.get("numerics_revision")
     facts.update({pkg: versions.get(pkg) for pkg in _BIT_VERSIONS})
     for p in prov.get("plugins") or []:
         if isinstance(p, Mapping) and isinstance(p.get("package"), str):

@@ -45,6 +45,7 @@ from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import trace_run
 from asyncsim.drivers.vmapped import hyper_of, replay_vmapped
 from asyncsim.errors import ScenarioError
+from asyncsim.numerics.core import NUMERICS_REVISION
 from asyncsim.scenario import load_scenario, point_scenarios
 from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, sweep_edges
 from asyncsim.timing.protocols import timing_revision
@@ -131,7 +132,8 @@ def _run_sweep(scn, out, force, progress, executor, share_traces, trace_only,
     jobs: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
     for g, members in by_group.items():
         todo = [it for it in members
-                if force or not _up_to_date(out / it["point"], it["scenario"])]
+                if force or not _up_to_date(out / it["point"], it["scenario"],
+                                            numbers=not trace_only)]
         if not todo:
             continue
         if trace_only:
@@ -207,13 +209,18 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
     return index
 
 
-def _up_to_date(folder: Path, scn: Scenario) -> bool:
+def _up_to_date(folder: Path, scn: Scenario, *, numbers: bool = True) -> bool:
     """A complete point folder whose saved scenario is this point's (folders are named by
-    position, so an edited sweep file must not silently reuse another setup's run)."""
+    position, so an edited sweep file must not silently reuse another setup's run), made by
+    this revision of the update core's numerics (``numbers``: the point trains) and of its
+    timing model."""
     if not runs.is_complete(folder):
         return False
     try:
         saved = read_toml(folder / "scenario.toml")
+        if numbers and (read_json(folder / "summary.json").get("numerics_revision")
+                        != NUMERICS_REVISION):
+            return False  # made by other numerics: its numbers are not this asyncsim's
     except DamagedFile:
         return False  # run again
     if scenario_changes(saved, scn):

@@ -44,7 +44,7 @@ from asyncsim.drivers.metrics import (
 )
 from asyncsim.drivers.result import RunResult
 from asyncsim.numerics import compile_cache
-from asyncsim.numerics.core import CoreState, param_hash
+from asyncsim.numerics.core import NUMERICS_REVISION, CoreState, param_hash
 from asyncsim.numerics.lr_rules import rate_at_delay
 from asyncsim.numerics.numerics import EvalRecord, Numerics, Row
 from asyncsim.timing.protocols import timing_revision
@@ -395,6 +395,7 @@ class Driver:
                                            num.y_test[:self.scn.run.eval_samples],
                                            num.model.num_classes),
             "param_hash": param_hash(final.params),
+            "numerics_revision": NUMERICS_REVISION,
             "wall_time": time.perf_counter() - t0,
             "stop_reason": trace.meta.get("stop_reason"),
             "grouping": num.grouping,

@@ -100,9 +100,16 @@ from asyncsim.numerics.weights import rule_rates, running_mean_staleness
 
 PyTree = Any
 
-__all__ = ["MOMENTUM_KINDS", "MOMENTUM_STYLES", "check_momentum_kind", "CoreState", "UpdateCore",
-           "make_core", "core_pieces", "register_lr_rule", "available_lr_rules", "get_lr_rule",
-           "param_hash", "as_optax"]
+# Raised whenever the core's numbers for an unchanged scenario change (recorded in every
+# run's summary.json; a sweep reruns a complete point made under another revision).
+# 2: the n-softsync sum over an update's slots is an explicit in-order scan
+# (aggregation.weighted_sum); revision 1 left the order to XLA's fusion, which rounded a
+# few elements of a leaf differently (1 ulp) wherever c > 1.
+NUMERICS_REVISION = 2
+
+__all__ = ["NUMERICS_REVISION", "MOMENTUM_KINDS", "MOMENTUM_STYLES", "check_momentum_kind",
+           "CoreState", "UpdateCore", "make_core", "core_pieces", "register_lr_rule",
+           "available_lr_rules", "get_lr_rule", "param_hash", "as_optax"]
 
 class CoreState(NamedTuple):
     """The PS state between updates. Each field but ``hyper`` is owned by the piece of the

@@ -189,3 +189,28 @@ def test_a_table_of_keys_that_vary_together_says_what_it_takes():
     with pytest.raises(ScenarioError, match=r"sweep.foo: must be a dotted key such as "
                                             r"optimizer.lr, or a table's name \(cluster, "):
         load_scenario({**BASE, "sweep": {"foo": [1, 2]}})
+
+
+def test_a_point_made_by_other_numerics_is_run_again(tmp_path):
+    # A complete point whose summary names another revision of the update core's numerics
+    # (or none, as before revisions were recorded) is rerun; the others are kept as they are.
+    import json
+
+    from asyncsim.numerics.core import NUMERICS_REVISION
+
+    scn = load_scenario({**BASE, "sweep": {"optimizer.lr": [0.01, 0.03, 0.1]}})
+    index = run_sweep(scn, tmp_path / "sw")
+    assert (index["numerics_revision"] == NUMERICS_REVISION).all()
+    folders = [tmp_path / "sw" / p for p in index["point"]]
+    stamps = [(f / "summary.json").stat().st_mtime_ns for f in folders]
+    for f, edit in ((folders[0], NUMERICS_REVISION - 1), (folders[1], None)):
+        s = json.loads((f / "summary.json").read_text())
+        if edit is None:
+            del s["numerics_revision"]
+        else:
+            s["numerics_revision"] = edit
+        (f / "summary.json").write_text(json.dumps(s))
+    again = run_sweep(scn, tmp_path / "sw")
+    assert (again["numerics_revision"] == NUMERICS_REVISION).all()
+    assert (folders[2] / "summary.json").stat().st_mtime_ns == stamps[2]
+    pd.testing.assert_series_equal(again["param_hash"], index["param_hash"])
