@@ -86,6 +86,31 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
+# Student's t at 0.975 for 1..30 degrees of freedom (the standard table, to 3 decimals).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """Student's t quantile at 0.975 with ``df`` degrees of freedom: the table to 30, the
+    Cornish-Fisher expansion in 1/df beyond (within 2e-6 there)."""
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def ci95(values) -> float:
+    """The half-width of the 95% Student-t interval of the mean of ``values`` (NaN for
+    fewer than two finite values)."""
+    v = np.asarray([x for x in values if x == x], float)
+    if v.size < 2:
+        return math.nan
+    return float(t975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+
+
 def time_to_target(ev: pd.DataFrame, target: float) -> tuple[float, float]:
     """(simulated time, epoch) at which test error first reaches ``target``; NaN if never."""
     err, t, ep = (ev[c].to_numpy(float) for c in ("test_error", "sim_time", "epoch"))
@@ -102,6 +127,41 @@ def time_to_target(ev: pd.DataFrame, target: float) -> tuple[float, float]:
     # Interpolate between the last evaluation above the target and the first at/below it.
     f = (err[i - 1] - target) / (err[i - 1] - err[i])
     return float(t[i - 1] + f * (t[i] - t[i - 1])), float(ep[i - 1] + f * (ep[i] - ep[i - 1]))
+
+
+def run_outcome(point, target: float) -> dict:
+    """Where a run (a row of :func:`load_points`) ended: its final test and train error,
+    whether it failed (``summary.json``'s ``diverged`` or ``never_learned``: a failed run
+    keeps its last evaluation as its final error and has no time to the target), and its
+    simulated time to test error ``target`` (:func:`time_to_target`)."""
+    s, ev = point["summary"], point["run"].evals
+    failed = bool(s.get("diverged")) or bool(s.get("never_learned"))
+    t, _ = time_to_target(ev, target)
+    return {"final_test_error": float(ev["test_error"].iloc[-1]),
+            "final_train_error": s.get("final_train_error", math.nan),
+            "failed": failed, "time_to_target": math.nan if failed else t,
+            "sim_time": s.get("sim_time")}
+
+
+def mean_curves(points: pd.DataFrame, label) -> pd.DataFrame:
+    """Mean test error against simulated time per ``label(point)`` (a dict of key columns),
+    taken per evaluation index: the seeds of one setup share the number of updates between
+    evaluations, not the times; a run that stopped early (diverged) leaves the mean to the
+    seeds still running (column ``seeds``)."""
+    frames = []
+    for _, p in points.iterrows():
+        ev = p["run"].evals[["sim_time", "epoch", "test_error"]].copy()
+        keys = label(p)
+        for k, v in keys.items():
+            ev[k] = v
+        ev["step"] = range(len(ev))
+        ev["seed"] = int(p["seed"])
+        frames.append(ev)
+    c = pd.concat(frames, ignore_index=True)
+    return (c.groupby([*keys, "step"], sort=False)
+            .agg(sim_time=("sim_time", "mean"), epoch=("epoch", "mean"),
+                 test_error=("test_error", "mean"), seeds=("seed", "count"))
+            .reset_index().drop(columns="step"))
 
 
 def setup_label(protocol: str, n) -> str:

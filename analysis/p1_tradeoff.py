@@ -30,40 +30,22 @@ import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from asyncsim import _checks
 
-from ._common import load_points, save, setup_label, setup_order, time_to_target
+from ._common import (
+    ci95,
+    load_points,
+    mean_curves,
+    run_outcome,
+    save,
+    setup_label,
+    setup_order,
+)
 
 NAME = "p1_tradeoff"
 RULES = {"constant": "α0", "inverse-staleness": "α0/τ"}
-
-
-# Student's t at 0.975 for 1..30 degrees of freedom (the standard table, to 3 decimals).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    """Student's t quantile at 0.975 with ``df`` degrees of freedom: the table to 30, the
-    Cornish-Fisher expansion in 1/df beyond (within 2e-6 there)."""
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
-
-
-def ci95(values) -> float:
-    """The half-width of the 95% Student-t interval of the mean of ``values`` (NaN for
-    fewer than two finite values)."""
-    v = np.asarray([x for x in values if x == x], float)
-    if v.size < 2:
-        return math.nan
-    return float(t975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 
 def _rule(point) -> str:
@@ -73,22 +55,10 @@ def _rule(point) -> str:
 
 
 def runs_table(points: pd.DataFrame, target: float) -> pd.DataFrame:
-    """One row per run: setup, rule, n, seed, final test and train error, whether it
-    failed, its time to the target."""
-    rows = []
-    for _, p in points.iterrows():
-        s, ev = p["summary"], p["run"].evals
-        failed = bool(s.get("diverged")) or bool(s.get("never_learned"))
-        t, _ = time_to_target(ev, target)
-        rows.append({"setup": setup_label(p["protocol"], p["n"]), "n": int(p["n"]),
-                     "rule": _rule(p),
-                     "seed": int(p["seed"]),
-                     "final_test_error": float(ev["test_error"].iloc[-1]),
-                     "final_train_error": s.get("final_train_error", math.nan),
-                     "failed": failed,
-                     "time_to_target": math.nan if failed else t,
-                     "sim_time": s.get("sim_time")})
-    return pd.DataFrame(rows)
+    """One row per run: setup, rule, n, seed and where it ended (:func:`~._common.run_outcome`)."""
+    return pd.DataFrame([{"setup": setup_label(p["protocol"], p["n"]), "n": int(p["n"]),
+                          "rule": _rule(p), "seed": int(p["seed"]), **run_outcome(p, target)}
+                         for _, p in points.iterrows()])
 
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -116,22 +86,9 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _curves(points: pd.DataFrame) -> pd.DataFrame:
-    """Mean test error against simulated time per (setup, rule), on each run's own
-    evaluation grid (the seeds of a setup share the number of updates between evaluations,
-    not the times: the mean is taken per evaluation index)."""
-    frames = []
-    for _, p in points.iterrows():
-        ev = p["run"].evals[["sim_time", "epoch", "test_error"]].copy()
-        ev["setup"] = setup_label(p["protocol"], p["n"])
-        ev["rule"] = _rule(p)
-        ev["step"] = range(len(ev))
-        ev["seed"] = int(p["seed"])
-        frames.append(ev)
-    c = pd.concat(frames, ignore_index=True)
-    return (c.groupby(["setup", "rule", "step"], sort=False)
-            .agg(sim_time=("sim_time", "mean"), epoch=("epoch", "mean"),
-                 test_error=("test_error", "mean"), seeds=("seed", "count"))
-            .reset_index().drop(columns="step"))
+    """Mean test error against simulated time per (setup, rule)."""
+    return mean_curves(points, lambda p: {"setup": setup_label(p["protocol"], p["n"]),
+                                          "rule": _rule(p)})
 
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:

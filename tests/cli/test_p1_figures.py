@@ -128,7 +128,7 @@ def check_tradeoff(drawn: Path, index: pd.DataFrame, summaries: dict, out: Path)
 
 
 def test_the_t_quantiles_are_students():
-    from asyncsim.analysis.p1_tradeoff import t975
+    from asyncsim.analysis._common import t975
     from scipy import stats
 
     for df in range(1, 31):  # the table, to 3 decimals
