@@ -2,13 +2,15 @@
 with alpha = alpha0 (top row) and alpha = alpha0/tau (bottom row), as in P1's Fig. 3.
 
 Reads ``index.csv`` and each point's ``eval.csv`` / ``summary.json`` only. Curves are the
-mean over the seeds present; a run that diverged ends with an x at its last evaluation.
+mean over the seeds present; a curve with a run that diverged or never learned ends with an
+x at its last evaluation.
 Hardsync has tau = 0, so both rules are the same run: it is drawn in both rows.
 
 Outputs: ``NAME.png``, ``NAME.csv`` (every plotted point: rule, setup, epoch, mean train
 loss, mean test error, seeds) and ``NAME_table.csv`` (final test error per setup and rule,
-mean, std and count over seeds, diverged runs (non-finite loss), collapsed runs (finite but
-at chance: test loss pinned at ln 10) and the difference to hardsync).
+mean, std and count over seeds, diverged runs (non-finite loss), runs that never learned
+(``summary.json``'s ``never_learned``: test error within noise of chance all along), the
+failures (either) and the difference to hardsync).
 The model records the mean mini-batch training *loss* per update, not a training error, so
 the left column is the training loss (P1 plots training error).
 """
@@ -44,10 +46,8 @@ def _series(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                            "n": p["n"],
                            "final_test_error": float(ev["test_error"].iloc[-1]),
                            "final_epoch": float(ev["epoch"].iloc[-1]), "diverged": diverged,
-                           # Collapsed: finite but at chance, uniform predictions (test loss
-                           # pinned at ln 10, error ~0.9): P1's "stuck near 90%".
-                           "collapsed": bool(abs(float(ev["test_loss"].iloc[-1]) - np.log(10))
-                                             < 0.002 and float(ev["test_error"].iloc[-1]) >= 0.89),
+                           # P1's "does not converge": stuck within noise of chance
+                           "never_learned": bool(p["summary"].get("never_learned")),
                            "staleness_mean": p["summary"].get("staleness_mean")})
     return pd.concat(curves, ignore_index=True), pd.DataFrame(finals)
 
@@ -62,8 +62,10 @@ def table(finals: pd.DataFrame) -> pd.DataFrame:
     t = g.agg(final_test_error_mean=("final_test_error", "mean"),
               final_test_error_std=("final_test_error", "std"),
               seeds=("seed", "nunique"), diverged=("diverged", "sum"),
-              collapsed=("collapsed", "sum"),
+              never_learned=("never_learned", "sum"),
               staleness_mean=("staleness_mean", "mean")).reset_index()
+    t["failed"] = (g.apply(lambda d: int((d["diverged"] | d["never_learned"]).sum()),
+                           include_groups=False).to_numpy())
     hs = t.loc[t["setup"] == "hardsync", ["rule", "final_test_error_mean"]]
     t = t.merge(hs.rename(columns={"final_test_error_mean": "hardsync"}), on="rule", how="left")
     t["diff_vs_hardsync"] = t["final_test_error_mean"] - t["hardsync"]
@@ -87,7 +89,8 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
             d = mean[(mean["rule"] == rule) & (mean["setup"] == s)].sort_values("epoch")
             if d.empty:
                 continue
-            div = finals[(finals["rule"] == rule) & (finals["setup"] == s)]["diverged"].any()
+            f = finals[(finals["rule"] == rule) & (finals["setup"] == s)]
+            div = (f["diverged"] | f["never_learned"]).any()
             for j, col in enumerate(("train_loss", "test_error")):
                 ax = axes[i, j]
                 ax.plot(d["epoch"], d[col], color=colors[s], lw=1.4, marker=".", ms=3,
@@ -106,7 +109,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     mu = points["batch_size"].iloc[0]
     seeds = sorted(int(x) for x in points["seed"].unique())
     fig.suptitle(f"P1-F3: λ = {lam}, μ = {mu}; top α = α0, bottom α = α0/τ "
-                 f"(x = diverged; seeds: {seeds})", fontsize=10)
+                 f"(x = diverged or never learned; seeds: {seeds})", fontsize=10)
     fig.tight_layout()
     return save(fig, mean, out_dir, NAME, sources=(sweep_dir,),
                 tables={"table": table(finals)})
