@@ -1,5 +1,5 @@
-"""The GPU path, measured: P1's network at P1's per-learner batch, and a projection of the
-P1-F3 paper profile's wall time from what is measured here.
+"""The GPU path, measured: P1's network at P1's per-learner batch, and a projection of every
+study's paper profile wall time from what is measured here.
 
 One script, one table (at most ~5 minutes on one GPU; ``--tiny``: the same rows at toy size on
 the CPU in well under two minutes, tested in tests/cli/test_bench_gpu.py):
@@ -17,12 +17,12 @@ the CPU in well under two minutes, tested in tests/cli/test_bench_gpu.py):
 4. a 16-point learning-rate sweep over the trace in one vmapped program / 16 loop replays;
 5. peak memory: the device's peak bytes in use where the backend reports it (GPU), else the
    process's max RSS;
-6. the projection: the P1-F3 paper profile (``scenarios/p1_f3_lr_modulation.toml --profile
-   paper``: its points, epochs, train-set size and mu, read from the file) needs
-   ``points x epochs x n_train / mu`` gradients; at row 2's online rate that is the wall time
-   below; at the best batched replay's rate (a sweep's points replay one shared trace);
-   and at row 1's fastest rate a lower bound for a driver that batched every gradient that
-   way. Evaluations and compilation are not included.
+6. the projections: every scenario's ``paper`` profile (its points, epochs, train-set size
+   and mu, read from the file) needs ``points x epochs x n_train / mu`` gradients; at row
+   2's online rate that is the wall time below; P1-F3's also at the best batched replay's
+   rate (a sweep's points replay one shared trace) and at row 1's fastest rate, a lower
+   bound for a driver that batched every gradient that way. Evaluations and compilation
+   are not included.
 
     python benchmarks/bench_gpu.py [--tiny]
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,8 +51,10 @@ from _util import best, best_interleaved, peak_rss_mib, plain_sgd_loop  # noqa: 
 from asyncsim.api import run, simulate  # noqa: E402
 from asyncsim.drivers.build import numerics_for  # noqa: E402
 from asyncsim.drivers.replay import replay  # noqa: E402
+from asyncsim.drivers.run_length import gradients_of, run_length  # noqa: E402
 from asyncsim.drivers.scan import replay_scan  # noqa: E402
 from asyncsim.drivers.vmapped import replay_vmapped  # noqa: E402
+from asyncsim.errors import ScenarioError  # noqa: E402
 from asyncsim.numerics.numerics import Numerics  # noqa: E402
 from asyncsim.scenario import load_scenario, point_scenarios  # noqa: E402
 
@@ -121,16 +124,34 @@ def device_peak() -> str:
            f"no device peak)"
 
 
-def p1_f3_gradients() -> tuple[int, int]:
-    """(points, gradients in all) of the P1-F3 paper profile, from its scenario file."""
-    scn = load_scenario(REPO / "scenarios" / "p1_f3_lr_modulation.toml", profile="paper",
-                        validate=False)
+def paper_gradients(file: Path) -> tuple[int, int]:
+    """(points, gradients in all) of a scenario file's ``paper`` profile: each point's run
+    length as its run computes it (epochs x train-set size / mu; updates through its
+    protocol)."""
+    scn = load_scenario(file, profile="paper", validate=False)
     points = [p for _, _, p in point_scenarios(scn)]
     total = 0
     for p in points:
         n_train = int(p.data.options.get("n_train", 50_000))
-        total += int(round(float(p.run.epochs) * n_train / p.data.batch_size))
+        total += int(round(gradients_of(p, run_length(p, n_train=n_train))))
     return len(points), total
+
+
+def paper_profiles() -> dict[str, tuple[int, int]]:
+    """:func:`paper_gradients` of every scenario in scenarios/ that has a ``paper``
+    profile on a data set asyncsim builds, by scenario name (P1-F4's ImageNet is not one:
+    its size is not known here)."""
+    out = {}
+    for file in sorted((REPO / "scenarios").glob("*.toml")):
+        with open(file, "rb") as f:
+            if "paper" not in tomllib.load(f).get("profiles", {}):
+                continue
+        try:
+            load_scenario(file, profile="paper")
+        except ScenarioError:
+            continue
+        out[file.stem] = paper_gradients(file)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -191,23 +212,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 1)
     report("16-point vmapped sweep / 16 loop replays", t_vm / (16 * rows["replay loop (s)"]))
 
-    n_points, total = p1_f3_gradients()
     fastest = max(v for name, v in rows.items() if name.startswith("gradients/s"))
-    report("P1-F3 paper profile, projected at the online rate (h)",
-           total / rows["online gradients/s"] / 3600)
-    report("P1-F3 paper profile, projected at the batched rate (h)",
+    # Each paper profile at the online rate (one point at a time, as `asyncsim run` runs
+    # it); P1-F3's also at the batched replay rate and the fastest gradient rate's bound.
+    for name, (n_points, total) in paper_profiles().items():
+        rows[f"{name} paper profile gradients"] = float(total)
+        report(f"{name} paper profile ({n_points} runs), projected at the online rate (h)",
+               total / rows["online gradients/s"] / 3600)
+    total = rows["p1_f3_lr_modulation paper profile gradients"]
+    report("p1_f3_lr_modulation paper profile, projected at the batched rate (h)",
            total / batched_rate / 3600)
-    report("P1-F3 paper profile, bound at the fastest gradient rate (h)", total / fastest / 3600)
+    report("p1_f3_lr_modulation paper profile, bound at the fastest gradient rate (h)",
+           total / fastest / 3600)
     print(f"{'peak memory':<{width}}  {device_peak()}")
-    print(f"(P1-F3 paper profile: {n_points} runs, {total:,} gradients of mu = {MU} in all, "
-          f"projected as gradients / measured rate, without evaluations or compilation"
-          f"{'; --tiny times a toy model, so its projection says nothing' if a.tiny else ''}; "
+    print(f"(paper profiles: gradients of mu = {MU} over the measured rate, without "
+          f"evaluations or compilation"
+          f"{'; --tiny times a toy model, so its projections say nothing' if a.tiny else ''}; "
           f"this script: {time.perf_counter() - t_start:.0f} s)")
-    rows["P1-F3 paper profile gradients"] = float(total)
     if argv is None and not a.tiny:  # a toy model's numbers say nothing: not kept
         kept = Report(f"bench_gpu_{jax.default_backend()}", "The gradient paths at P1's "
                       f"scale on the {jax.default_backend()} backend "
-                      f"({jax.devices()[0].device_kind}), and the P1-F3 paper profile "
+                      f"({jax.devices()[0].device_kind}), and every study's paper profile "
                       "projected from them")
         for name, value in rows.items():
             kept.row(name, value, unit="h" if name.endswith("(h)") else "")

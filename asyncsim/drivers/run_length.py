@@ -12,7 +12,7 @@ from asyncsim.config import Scenario
 from asyncsim.timing.protocols import make_protocol
 from asyncsim.trace import check_fits
 
-__all__ = ["run_length"]
+__all__ = ["gradients_of", "run_length"]
 
 
 def run_length(scenario: Scenario, *, n_train: int | None = None) -> dict[str, Any]:
@@ -35,9 +35,15 @@ def run_length(scenario: Scenario, *, n_train: int | None = None) -> dict[str, A
         key = "run.epochs"
     else:
         limits, key = {"max_updates": 100}, "run.updates"
+    check_fits(key, gradients_of(scenario, limits))
+    return limits
+
+
+def gradients_of(scenario: Scenario, limits: dict[str, Any]) -> float:
+    """The gradients a run of ``limits`` (:func:`run_length`'s, not ``max_time``) computes:
+    a length in updates through the protocol's updates per gradient."""
     grads = limits.get("max_gradients")
     if grads is None:
         proto = make_protocol(scenario.protocol, scenario.cluster.learners)
         grads = limits["max_updates"] / max(proto.updates_per_gradient(), 1e-12)
-    check_fits(key, grads)
-    return limits
+    return grads

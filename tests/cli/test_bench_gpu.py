@@ -6,6 +6,8 @@ import importlib.util
 import math
 from pathlib import Path
 
+import pytest
+
 from asyncsim.scenario import load_scenario, point_scenarios
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,14 +24,23 @@ def test_bench_gpu_tiny_prints_every_row(capsys):
                  "replay loop (s)", "replay scan (s)", "16-point vmapped sweep / 16 loop replays",
                  "replay batched, 2 gradients per call / loop (time)",
                  "replay batched, 8 gradients per call / loop (time)",
-                 "P1-F3 paper profile, projected at the online rate (h)",
-                 "P1-F3 paper profile, projected at the batched rate (h)"):
+                 "p1_f3_lr_modulation paper profile, projected at the batched rate (h)"):
         assert name in out and math.isfinite(rows[name]) and rows[name] > 0, name
     assert "peak memory" in out
-    # The projection is the profile's gradients over the measured rate, both read here.
-    scn = load_scenario(REPO / "scenarios" / "p1_f3_lr_modulation.toml", profile="paper")
-    points = [p for _, _, p in point_scenarios(scn)]
-    total = sum(p.run.epochs * 50_000 / p.data.batch_size for p in points)
-    assert rows["P1-F3 paper profile gradients"] == total
-    hours = rows["P1-F3 paper profile, projected at the online rate (h)"]
-    assert math.isclose(hours * 3600 * rows["online gradients/s"], total, rel_tol=1e-12)
+    # Every scenario with a paper profile is projected: its gradients over the measured
+    # online rate, both read here.
+    papers = sorted(f.stem for f in (REPO / "scenarios").glob("*.toml")
+                    if "[profiles.paper" in f.read_text() and f.stem != "p1_f4_imagenet")
+    assert not any(k.startswith("p1_f4_imagenet") for k in rows)  # ImageNet: size unknown
+    assert {"p1_f3_lr_modulation", "p1_tradeoff", "p2_f1", "p2_f4"} <= set(papers)
+    for name in papers:
+        scn = load_scenario(REPO / "scenarios" / f"{name}.toml", profile="paper")
+        points = [p for _, _, p in point_scenarios(scn)]
+        # epochs x train-set size / mu, or (P2-F4) updates of one gradient each
+        total = sum(p.run.epochs * p.data.options.get("n_train", 50_000) / p.data.batch_size
+                    if p.run.epochs is not None else p.run.updates for p in points)
+        assert rows[f"{name} paper profile gradients"] == pytest.approx(total, abs=len(points))
+        hours = rows[f"{name} paper profile ({len(points)} runs), projected at the online "
+                     "rate (h)"]
+        assert math.isclose(hours * 3600 * rows["online gradients/s"],
+                            rows[f"{name} paper profile gradients"], rel_tol=1e-12)
