@@ -8,6 +8,8 @@
    per sample on 2 CPU cores; the rest is the simulator's own overhead).
 3. Grouping of gradients that share a read version (hardsync, lambda = 30, mu = 4): one
    vmapped call per version vs separate calls.
+4. The same epoch under 4-softsync (c = 7 gradients an update) vs 30-softsync (c = 1): the
+   cost of summing an update's slots. Target: <= 1.2.
 Reports peak memory (max RSS) too.
 
     python benchmarks/bench_online.py [--grads 16] [--epoch-samples 1280]
@@ -91,6 +93,21 @@ def main() -> None:
                repeats=ratios(t["epoch"], t["ref"]))
     report.row("the same epoch / a plain SGD loop at mu = 4 (the simulator's own overhead)",
                t_epoch / t4, repeats=ratios(t["epoch"], t["mu4"]))
+
+    # n-softsync with c = 7 gradients an update against c = 1, over the same gradients:
+    # what the slot sum (asyncsim.numerics.aggregation.weighted_sum) costs.
+    epochs = {}
+    for nn in (4, 30):
+        scn = scenario(30, 4, n, {"kind": "softsync", "n": nn}, gradients=n // 4)
+        num = numerics_for(scn)
+        run(scn, numerics=num)
+        epochs[nn] = lambda num=num, scn=scn: run(scn, numerics=num).params
+    t = interleaved(epochs, a.repeat)
+    print(f"4. the same epoch under 4-softsync (c = 7): {min(t[4]):.3f} s; 30-softsync "
+          f"{min(t[30]):.3f} s -> ratio {min(t[4]) / min(t[30]):.3f} (target <= 1.2)")
+    report.row(f"P1's 4-softsync epoch (c = 7 gradients an update) / its 30-softsync epoch "
+               f"(c = 1), {n} samples", min(t[4]) / min(t[30]), target="<= 1.2",
+               repeats=ratios(t[4], t[30]))
 
     groups = {}
     for grouping in ("none", "version"):
