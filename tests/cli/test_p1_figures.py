@@ -64,6 +64,15 @@ def test_smoke_profile_runs_and_draws(smoke_sweep, tmp_path):
         assert (table["setup"] == "hardsync").sum() == 2
         errors = sorted(s["final_test_error"] for s in summaries.values())
         assert sorted(set(table["final_test_error_mean"])) == sorted(set(errors))
+        # A failure is a run that diverged or never learned (its summary.json says which);
+        # the smoke runs stay near chance, so some never learn.
+        failed = sum(bool(s["diverged"] or s["never_learned"]) for s in summaries.values())
+        hard = [s for s in summaries.values() if s["staleness_max"] == 0]
+        twice = sum(bool(s["diverged"] or s["never_learned"]) for s in hard)  # in both rows
+        assert table["failed"].sum() == failed + twice
+        assert table["never_learned"].sum() == sum(bool(s["never_learned"]) for s in
+                                                   summaries.values()) + sum(
+            bool(s["never_learned"]) for s in hard)
     if name == "p1_f2_speedup":
         data = pd.read_csv(csv)
         # One panel per link model, each with its own λ = 1 baseline (one run, drawn for
