@@ -188,12 +188,18 @@ def test_provenance_names_what_changes_bits_and_replay_compares_it(tmp_path):
              "xla_flags": "--xla_cpu_max_isa=AVX", "versions": {**prov["versions"],
                                                                 "numpy": "1.0.0"}}
     (src / "provenance.json").write_text(json.dumps(other))
+    # ... and by an earlier revision of the update core's numerics.
+    from asyncsim.numerics.core import NUMERICS_REVISION
+
+    summary = _summary(src)
+    (src / "summary.json").write_text(json.dumps({**summary, "numerics_revision": 1}))
     r = _asyncsim("replay", str(src), "--path", "loop", "--out", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr
     assert _summary(tmp_path / "rep")["environment_changes"] == [
         f"cpu_model: 'Other CPU' -> {prov['cpu_model']!r}",
         f"cpu_flags: ['sse4_2', 'avx'] -> {prov['cpu_flags']!r}",
         f"xla_flags: '--xla_cpu_max_isa=AVX' -> {PDM!r}",
+        f"numerics_revision: 1 -> {NUMERICS_REVISION}",
         f"numpy: '1.0.0' -> {prov['versions']['numpy']!r}"]
 
     seven = tmp_path / "seed8"
@@ -205,7 +211,8 @@ def test_provenance_names_what_changes_bits_and_replay_compares_it(tmp_path):
     assert r.stdout.splitlines()[-1] == (
         "param_hash: A's differs from B's; the machines differ in what the last bits depend "
         f"on: cpu_model: 'Other CPU' -> {prov['cpu_model']!r}; cpu_flags: ['sse4_2', 'avx'] "
-        f"-> {prov['cpu_flags']!r}; xla_flags: '--xla_cpu_max_isa=AVX' -> {PDM!r}; numpy: "
+        f"-> {prov['cpu_flags']!r}; xla_flags: '--xla_cpu_max_isa=AVX' -> {PDM!r}; "
+        f"numerics_revision: 1 -> {NUMERICS_REVISION}; numpy: "
         f"'1.0.0' -> {prov['versions']['numpy']!r}")
     r = _asyncsim("compare", str(src), str(src))
     assert r.stdout.splitlines()[-1] == ("param_hash: the same in A and B (bit-identical "
