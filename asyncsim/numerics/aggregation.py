@@ -54,14 +54,16 @@ def aggregated(params, grads, weights, decay, wd):
 
 
 def weighted_sum(weights, grads):
-    """``sum_l w_l g_l`` over the leading (slot) axis of every leaf of ``grads``, added in
-    slot order from zero: the numbers of ``jnp.sum(w * g, axis=0)``, bit for bit.
+    """``sum_l w_l g_l`` over the leading (slot) axis of every leaf of ``grads``, each
+    product rounded, then added in slot order from zero.
 
-    Written as a ``lax.scan`` over the slots because XLA's CPU backend compiles the fused
-    multiply-and-reduce over a leading axis into a loop that is 30-200x slower than the
-    adds it performs (measured on a 3072 x 128 layer: c = 7, 71 ms against 0.7 ms; c = 30,
+    A ``lax.scan`` over the slots, for two reasons. XLA's CPU backend compiles the fused
+    multiply-and-reduce ``jnp.sum(w * g, axis=0)`` into a loop 30-200x slower than the adds
+    it performs (measured on a 3072 x 128 layer: c = 7, 71 ms against 0.7 ms; c = 30,
     550 ms against 2.5 ms), which made every update of a softsync run with c > 1 cost more
-    than its gradients."""
+    than its gradients. And the order is this function's, not a fusion decision: alone,
+    that reduction gives these numbers bit for bit, but inside the update program XLA
+    rounded a few elements differently (numerics revision 1)."""
     tm = jax.tree_util.tree_map
 
     def add(acc, slot):
