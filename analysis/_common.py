@@ -148,7 +148,7 @@ def mean_curves(points: pd.DataFrame, label) -> pd.DataFrame:
     taken per evaluation index: the seeds of one setup share the number of updates between
     evaluations, not the times; a run that stopped early (diverged) leaves the mean to the
     seeds still running (column ``seeds``)."""
-    frames = []
+    frames, keys = [], {}
     for _, p in points.iterrows():
         ev = p["run"].evals[["sim_time", "epoch", "test_error"]].copy()
         keys = label(p)
@@ -157,6 +157,8 @@ def mean_curves(points: pd.DataFrame, label) -> pd.DataFrame:
         ev["step"] = range(len(ev))
         ev["seed"] = int(p["seed"])
         frames.append(ev)
+    if not frames:
+        return pd.DataFrame(columns=["sim_time", "epoch", "test_error", "seeds"])
     c = pd.concat(frames, ignore_index=True)
     return (c.groupby([*keys, "step"], sort=False)
             .agg(sim_time=("sim_time", "mean"), epoch=("epoch", "mean"),
