@@ -39,7 +39,15 @@ from asyncsim import _checks
 from asyncsim.config import rule_label
 from asyncsim.stability import closed_form_applies, edge
 
-from ._common import ci95, load_points, mean_curves, run_outcome, save, setup_label
+from ._common import (
+    ci95,
+    load_points,
+    mean_curves,
+    run_outcome,
+    save,
+    setup_label,
+    setup_order,
+)
 
 NAME = "remedies"
 # The remedies, in the figure's order, by what the optimizer does.
@@ -129,10 +137,10 @@ def grid_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def paired(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
-    """(mean, ci95, pairs) of ``a - b`` over the seeds (the index) both have."""
+def paired(a: pd.Series, b: pd.Series) -> tuple[float, float]:
+    """(mean, ci95) of ``a - b`` over the seeds (the index) both have."""
     d = (a - b).dropna()
-    return (float(d.mean()) if len(d) else math.nan, ci95(d), len(d))
+    return (float(d.mean()) if len(d) else math.nan, ci95(d))
 
 
 def table(runs: pd.DataFrame, grid: pd.DataFrame) -> pd.DataFrame:
@@ -161,22 +169,14 @@ def table(runs: pd.DataFrame, grid: pd.DataFrame) -> pd.DataFrame:
         for i in g.index:
             m = h = math.nan
             if len(ref) and tab.at[i, "remedy"] != REFERENCE:
-                m, h, _ = paired(tab.at[i, "_errors"], ref["_errors"].iloc[0])
+                m, h = paired(tab.at[i, "_errors"], ref["_errors"].iloc[0])
             tab.loc[i, ["vs_p1_mean", "vs_p1_ci95"]] = [m, h]
     tab["vs_p1_significant"] = np.abs(tab["vs_p1_mean"]) > tab["vs_p1_ci95"]
     order = {r: i for i, r in enumerate(("hardsync", *REMEDIES))}
-    keys = [(_setting_order(s), order.get(r, len(order)), r)
+    keys = [(setup_order(s), order.get(r, len(order)), r)
             for s, r in zip(tab["setup"], tab["remedy"], strict=True)]
     rank = sorted(range(len(tab)), key=keys.__getitem__)
     return tab.iloc[rank].drop(columns="_errors").reset_index(drop=True)
-
-
-def _setting_order(label: str) -> tuple:
-    """hardsync, then N-softsync by N, the churn setting after its plain one."""
-    if label == "hardsync":
-        return (0, 0, 0)
-    n = int(label.split("-")[0])
-    return (1, n, "churn" in label)
 
 
 def _finite(x: float) -> float:
@@ -204,7 +204,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     grid = grid_table(runs)
     tab = table(runs, grid)
     curves = _curves(points, tab)
-    setups = sorted(set(runs["setup"]) - {"hardsync"}, key=_setting_order)
+    setups = sorted(set(runs["setup"]) - {"hardsync"}, key=setup_order)
     remedies = [r for r in REMEDIES if r in set(runs["remedy"])] + sorted(
         set(runs["remedy"]) - set(REMEDIES) - {"hardsync"})
     colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(remedies)}

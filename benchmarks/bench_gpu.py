@@ -125,42 +125,37 @@ def device_peak() -> str:
            f"no device peak)"
 
 
-def paper_gradients(file: Path) -> tuple[int, int]:
-    """(points, gradients in all) of a scenario file's ``paper`` profile: each point's run
-    length as its run computes it (epochs x train-set size / mu; updates through its
-    protocol)."""
-    scn = load_scenario(file, profile="paper", validate=False)
-    points = [p for _, _, p in point_scenarios(scn)]
+def paper_gradients(points) -> int:
+    """The gradients of a paper profile's ``points``: each point's run length as its run
+    computes it (epochs x train-set size / mu; updates through its protocol)."""
     total = 0
     for p in points:
         n_train = int(p.data.options.get("n_train", 50_000))
         total += int(round(gradients_of(p, run_length(p, n_train=n_train))))
-    return len(points), total
+    return total
 
 
-def paper_profiles() -> dict[str, tuple[int, int]]:
-    """:func:`paper_gradients` of every scenario in scenarios/ that has a ``paper``
-    profile on a data set asyncsim builds, by scenario name (P1-F4's ImageNet is not one:
-    its size is not known here)."""
+def paper_profiles() -> dict[str, list]:
+    """The points of every scenario in scenarios/ that has a ``paper`` profile on a data set
+    asyncsim builds, by scenario name (P1-F4's ImageNet is not one: its size is not known
+    here)."""
     out = {}
     for file in sorted((REPO / "scenarios").glob("*.toml")):
         with open(file, "rb") as f:
             if "paper" not in tomllib.load(f).get("profiles", {}):
                 continue
         try:
-            load_scenario(file, profile="paper")
+            scn = load_scenario(file, profile="paper")
         except ScenarioError:
             continue
-        out[file.stem] = paper_gradients(file)
+        out[file.stem] = [p for _, _, p in point_scenarios(scn)]
     return out
 
 
-def at_p1_scale(file: Path) -> bool:
-    """Whether every point of a scenario's paper profile trains P1's network at mu = MU,
+def at_p1_scale(points) -> bool:
+    """Whether every one of a paper profile's ``points`` trains P1's network at mu = MU,
     the gradients this script times (P2's ResNet-44 at batch 128 costs other time)."""
-    scn = load_scenario(file, profile="paper")
-    return all((p.model.name, p.data.batch_size) == ("cifar10-full", MU)
-               for _, _, p in point_scenarios(scn))
+    return all((p.model.name, p.data.batch_size) == ("cifar10-full", MU) for p in points)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -224,11 +219,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     fastest = max(v for name, v in rows.items() if name.startswith("gradients/s"))
     # Each paper profile at the online rate (one point at a time, as `asyncsim run` runs
     # it); P1-F3's also at the batched replay rate and the fastest gradient rate's bound.
-    for name, (n_points, total) in paper_profiles().items():
+    for name, points in paper_profiles().items():
+        total = paper_gradients(points)
         rows[f"{name} paper profile gradients"] = float(total)
-        if at_p1_scale(REPO / "scenarios" / f"{name}.toml"):
-            report(f"{name} paper profile ({n_points} runs), projected at the online rate (h)",
-                   total / rows["online gradients/s"] / 3600)
+        if at_p1_scale(points):
+            report(f"{name} paper profile ({len(points)} runs), projected at the online rate "
+                   "(h)", total / rows["online gradients/s"] / 3600)
     total = rows["p1_f3_lr_modulation paper profile gradients"]
     report("p1_f3_lr_modulation paper profile, projected at the batched rate (h)",
            total / batched_rate / 3600)
