@@ -67,7 +67,8 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
     """One row per complete point of the sweep (a sweep may still be running), in index
     order: its :class:`~asyncsim.results.RunFolder` (``run``) and folder, its resolved
     scenario values and summary. Trace-only points (no ``eval.csv``) are kept only with
-    ``trace_only_ok`` (column ``has_eval`` says which)."""
+    ``trace_only_ok`` (column ``has_eval`` says which). No such point: FileNotFoundError
+    (a figure has nothing to draw)."""
     rows = []
     for run in finished_points(sweep_dir):
         if not (run.has_evals or trace_only_ok):
@@ -83,7 +84,16 @@ def load_points(sweep_dir: Path, *, trace_only_ok: bool = False) -> pd.DataFrame
             "warmup_updates": opt["schedule"]["warmup_updates"],
             "scenario": scn, "summary": run.summary, "has_eval": run.has_evals,
         })
+    if not rows:
+        raise FileNotFoundError(f"{sweep_dir}: no complete runs")
     return pd.DataFrame(rows)
+
+
+def figure_target(points: pd.DataFrame, default: float) -> float:
+    """The sweep's ``[figure] target_test_error`` (its first point's, ``default`` where the
+    scenario sets none): the test error a time-to-target is measured to."""
+    return points["run"].iloc[0].value("figure.target_test_error", default,
+                                       _checks.unit_interval)
 
 
 # Student's t at 0.975 for 1..30 degrees of freedom (the standard table, to 3 decimals).

@@ -33,8 +33,6 @@ NAME = "p1_beyond"
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     points = load_points(Path(sweep_dir))
-    if points.empty:
-        raise FileNotFoundError(f"{sweep_dir}: no complete runs")
     rows = []
     for _, p in points.iterrows():
         scn, s, run = p["scenario"], p["summary"], p["run"]

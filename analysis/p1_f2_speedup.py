@@ -29,7 +29,7 @@ import pandas as pd
 from asyncsim import _checks
 from asyncsim.errors import ScenarioError
 
-from ._common import data_size, load_points, save, time_to_target
+from ._common import data_size, figure_target, load_points, save, time_to_target
 
 NAME = "p1_f2_speedup"
 
@@ -70,10 +70,8 @@ def link_model(scn: dict) -> tuple[float, str]:
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     # Trace-only points (`asyncsim trace` of this scenario) still give the time per epoch.
     points = load_points(Path(sweep_dir), trace_only_ok=True)
-    if points.empty:
-        raise FileNotFoundError(f"{sweep_dir}: no complete runs")
     first = points["run"].iloc[0]
-    target = first.value("figure.target_test_error", 0.5, _checks.unit_interval)
+    target = figure_target(points, 0.5)
     paper = first.value("figure.paper_speedup_at_30", [22, 28], _span_of_two)
     rows = []
     for _, p in points.iterrows():

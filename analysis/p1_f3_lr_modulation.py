@@ -74,8 +74,6 @@ def table(finals: pd.DataFrame) -> pd.DataFrame:
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     points = load_points(Path(sweep_dir))
-    if points.empty:
-        raise FileNotFoundError(f"{sweep_dir}: no complete runs")
     curves, finals = _series(points)
     mean = (curves.groupby(["rule", "setup", "epoch"], sort=False)
             .agg(train_loss=("train_loss", "mean"), test_error=("test_error", "mean"),

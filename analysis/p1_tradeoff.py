@@ -32,10 +32,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from asyncsim import _checks
-
 from ._common import (
     ci95,
+    figure_target,
     load_points,
     mean_curves,
     run_outcome,
@@ -93,10 +92,7 @@ def _curves(points: pd.DataFrame) -> pd.DataFrame:
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     points = load_points(Path(sweep_dir))
-    if points.empty:
-        raise FileNotFoundError(f"{sweep_dir}: no complete runs")
-    target = points["run"].iloc[0].value("figure.target_test_error", 0.4,
-                                         _checks.unit_interval)
+    target = figure_target(points, 0.4)
     runs = runs_table(points, target)
     tab = table(runs)
     curves = _curves(points)

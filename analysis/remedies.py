@@ -35,12 +35,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from asyncsim import _checks
 from asyncsim.config import rule_label
 from asyncsim.stability import closed_form_applies, edge
 
 from ._common import (
     ci95,
+    figure_target,
     load_points,
     mean_curves,
     run_outcome,
@@ -196,10 +196,7 @@ def _curves(points: pd.DataFrame, tab: pd.DataFrame) -> pd.DataFrame:
 
 def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
     points = load_points(Path(sweep_dir))
-    if points.empty:
-        raise FileNotFoundError(f"{sweep_dir}: no complete points to draw")
-    target = points["run"].iloc[0].value("figure.target_test_error", 0.4,
-                                         _checks.unit_interval)
+    target = figure_target(points, 0.4)
     runs = runs_table(points, target)
     grid = grid_table(runs)
     tab = table(runs, grid)
