@@ -64,7 +64,10 @@ class Monitor(Protocol):
     along the run, at its start and end). The Driver calls :meth:`observe` at version 0,
     every :attr:`every` updates (0: never in between) and after the last update, then
     :meth:`finish`, whose fields join ``summary.json`` (a monitor may also write files into
-    ``driver.folder``, before the summary marks the folder complete)."""
+    ``driver.folder``, before the summary marks the folder complete). ``driver.state`` is
+    the run's own: the next update takes over its momentum buffers (the update programs
+    donate them), so a monitor that keeps a state copies it (``jax.tree_util.tree_map(
+    np.array, state)``)."""
 
     every: int
 
@@ -79,7 +82,8 @@ class Monitor(Protocol):
 @dataclass
 class Observer:
     """A :class:`Monitor` calling ``fn(version, state)``: a run's state at version 0, every
-    ``every`` updates and after the last one."""
+    ``every`` updates and after the last one (``fn`` copies what it keeps: see
+    :class:`Monitor`)."""
 
     fn: Callable[[int, CoreState], Any]
     every: int = 1
@@ -141,7 +145,9 @@ class Driver:
         self.monitor = monitor
         # Replays keep no checkpoints: they are redone, not resumed (runs._REDO).
         self.checkpoints = checkpoints and folder is not None
-        self._window: list[CoreState] = []  # states after the unchecked updates (rollback)
+        # The states after the unchecked updates, for a rollback: their params only (the
+        # update after each took over its momentum).
+        self._window: list[CoreState] = []
         self._state_at: Callable[[int], CoreState] | None = None  # or a chunk's recomputation
         self._checked = len(self.rec.losses)  # updates the divergence rule has seen
         state_bytes = sum(int(np.prod(np.shape(x))) * 4

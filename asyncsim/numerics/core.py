@@ -105,7 +105,10 @@ PyTree = Any
 # 2: the n-softsync sum over an update's slots is an explicit in-order scan
 # (aggregation.weighted_sum); revision 1 left the order to XLA's fusion, which rounded a
 # few elements of a leaf differently (1 ulp) wherever c > 1.
-NUMERICS_REVISION = 2
+# 3: shifted momentum's step adds each learner's buffer row as stored
+# (momentum.shifted_momentum); with one gradient an update XLA had recomputed the row inside
+# the parameter update, rounding a few elements differently.
+NUMERICS_REVISION = 3
 
 __all__ = ["NUMERICS_REVISION", "MOMENTUM_KINDS", "MOMENTUM_STYLES", "check_momentum_kind",
            "CoreState", "UpdateCore", "make_core", "core_pieces", "register_lr_rule",

@@ -151,7 +151,9 @@ def _shifted_slot(beta, fresh, decay, torch):
             decay,
         )
         bufs = tm(lambda b, n: b.at[k_l].set(n), bufs, new)
-        acc = tm(lambda a, n: a + jnp.where(ok, n, jnp.zeros((), n.dtype)), acc, new)
+        # The step adds the row as stored: reading ``new`` instead lets XLA recompute it
+        # from the buffer the row overwrites, which then has to be copied whole first.
+        acc = tm(lambda a, b: a + jnp.where(ok, b[k_l], jnp.zeros((), b.dtype)), acc, bufs)
         return (bufs, acc, on), None
 
     return slot

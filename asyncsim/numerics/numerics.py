@@ -145,6 +145,29 @@ def _stack(trees):
     return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees) if trees else None
 
 
+def _jit_donating_momentum(fn):
+    """``jax.jit(fn)`` for an update program ``fn(state, *args)``, the state's momentum
+    buffers donated: XLA writes the new buffers where the old ones were.
+
+    P2's shifted momentum keeps one buffer per learner (lambda times the parameters) and
+    changes one of them per gradient; an undonated buffer is copied whole at every update
+    (the 30 buffers of a 394,000-parameter MLP: 23 ms an update, 0.7 ms donated). Donation
+    changes where results are written, not what is computed. The caller gives up the
+    momentum of the state it passes: the drivers keep earlier states (the rollback window)
+    for their parameters only.
+    """
+    def split(momentum, state, *args):
+        return fn(state._replace(momentum=momentum), *args)
+
+    jitted = jax.jit(split, donate_argnums=(0,))
+
+    @functools.wraps(fn)
+    def call(state, *args):
+        return jitted(state.momentum, state._replace(momentum=()), *args)
+
+    return call
+
+
 def _default_grouping() -> str:
     return "none" if jax.default_backend() == "cpu" else "version"
 
@@ -220,7 +243,7 @@ class Numerics:
 
         # (state, grads stacked on a leading axis c, staleness, learners, step): the grouped
         # path (grouping="version"), whose gradients come stacked from one vmapped call.
-        self._apply_stacked = jax.jit(apply_stacked)
+        self._apply_stacked = _jit_donating_momentum(apply_stacked)
 
         def apply(state, grads_list, staleness, learner_ids, step, reads=()):
             return core_apply(state, _stack(grads_list), staleness=staleness,
@@ -232,7 +255,7 @@ class Numerics:
         # replays bit for bit: compiling the apply as a separate program from the one used
         # online changed the last bits (3e-8 on cifar10-full, measured).
         self.apply_fn = apply
-        self.apply = jax.jit(apply)
+        self.apply = _jit_donating_momentum(apply)
         grad_one_raw = shared.one
 
         def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
@@ -248,7 +271,7 @@ class Numerics:
             return st, loss[None]
 
         self.fused1_fn = fused1
-        self._fused1 = jax.jit(fused1)
+        self._fused1 = _jit_donating_momentum(fused1)
 
     # ------------------------------------------------------------------ state
     def init_params(self):
@@ -368,7 +391,7 @@ class Numerics:
             return core_apply(state, taken, staleness=staleness, learner_ids=learners,
                               step=step, read_params=_stack(reads)), losses[slots]
 
-        return jax.jit(apply_pooled)
+        return _jit_donating_momentum(apply_pooled)
 
     def reads(self, versions: dict[int, Any], rows: Sequence[Row]) -> tuple:
         """The read versions' parameters the update programs take with ``rows``: one per

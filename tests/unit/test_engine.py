@@ -264,14 +264,42 @@ def test_same_scenario_same_param_hash(num_cache, tiny):
     assert a.summary["trace_hash"] == b.summary["trace_hash"]
 
 
-def test_divergence_is_recorded_not_a_crash(tmp_path, tiny):
-    scn = tiny(optimizer={"lr": 1e4}, run={"updates": 60})
+@pytest.mark.parametrize("momentum", ["none", "shifted"])
+def test_divergence_is_recorded_not_a_crash(momentum, tmp_path, tiny):
+    # With momentum, the rollback window holds states whose buffers later updates took over.
+    scn = tiny(optimizer={"lr": 1e4, "momentum": {"kind": momentum, "beta": 0.9}},
+               run={"updates": 60})
     res = run(scn, out=tmp_path / "div")
     s = res.summary
     assert s["diverged"] is True
     assert 0 <= s["diverged_at"] < 60
     assert (tmp_path / "div" / "summary.json").exists()
     assert res.trace.num_updates < 60
+
+
+@pytest.mark.parametrize("momentum", ["heavy-ball", "shifted"])
+def test_the_update_program_takes_over_the_momentum_and_computes_the_same(momentum, num_cache,
+                                                                          tiny):
+    """The update programs donate the state's momentum buffers (written in place: P2's
+    per-learner buffers would otherwise be copied whole at every update) and nothing else,
+    and compute bit for bit what the same program without donation computes."""
+    scn = tiny(optimizer={"lr": 0.03, "momentum": {"kind": momentum, "beta": 0.8}})
+    num = num_cache(scn)
+    trace = run(scn, numerics=num).trace
+    plain = jax.jit(num.fused1_fn)  # the c = 1 update program, nothing donated
+    state = num.init_state()
+    ref = jax.tree_util.tree_map(jnp.copy, state)
+    versions = {0: state.params}
+    for v, rows, _ in trace.iter_updates():
+        (l, b, r, tau), = rows
+        ref, _ = plain(ref, versions[r], num.x_train, num.y_train, np.int32(l), np.int32(b),
+                       np.int32(tau), np.int32(v))
+        old, (state, _) = state, num.update(state, versions, v, rows)
+        assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(old.momentum))
+        assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(old.params))
+        versions[v + 1] = state.params
+        assert param_hash(state) == param_hash(ref)
+    assert param_hash(state.params) == run(scn, numerics=num).summary["param_hash"]
 
 
 def test_replay_memory_bound_is_checked_before_allocating(num_cache, tiny):

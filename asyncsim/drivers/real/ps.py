@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import ray  # the real driver is Ray's: this package is imported only for real runs
 
@@ -141,11 +142,12 @@ class PSImpl:
         self.stop_reason = ""
         self.stopped = False
         # Compile the update program for this protocol's update size now, not during the
-        # first update.
+        # first update; on a copy of the state, whose momentum the program takes over.
         c = max(1, round(1.0 / self.proto.updates_per_gradient()))
         g0 = jax.tree_util.tree_map(lambda p: np.zeros(np.shape(p), np.float32),
                                     self.driver.state.params)
-        jax.block_until_ready(num.apply_given(self.driver.state, 0, [(0, 0, 0, 0)] * c,
+        spare = jax.tree_util.tree_map(jnp.copy, self.driver.state)
+        jax.block_until_ready(num.apply_given(spare, 0, [(0, 0, 0, 0)] * c,
                                               [g0] * c, {0: self.driver.state.params}))
         self._params_ref: tuple[int, Any] | None = None
 
