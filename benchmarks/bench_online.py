@@ -10,6 +10,8 @@
    vmapped call per version vs separate calls.
 4. An epoch of the studies' MLP under 4-softsync (c = 7 gradients an update) vs 30-softsync
    (c = 1): the cost of summing an update's slots. Target: <= 1.2.
+5. The same 30-softsync epoch with P2's shifted momentum (30 per-learner buffers) vs
+   heavy-ball (one): the cost of keeping a buffer per learner. Target: <= 1.2.
 Reports peak memory (max RSS) too.
 
     python benchmarks/bench_online.py [--grads 16] [--epoch-samples 1280]
@@ -35,7 +37,7 @@ from asyncsim.scenario import load_scenario  # noqa: E402
 
 
 def scenario(learners, mu, n_train, proto, updates=None, gradients=None,
-             model="cifar10-full"):
+             model="cifar10-full", momentum="none"):
     r = {"updates": updates} if updates else {"gradients": gradients}
     return load_scenario({
         "seed": 0, "model": {"name": model},
@@ -43,7 +45,8 @@ def scenario(learners, mu, n_train, proto, updates=None, gradients=None,
                  "n_test": 100},
         "cluster": {"learners": learners, "compute": {"dist": "lognormal", "mean": 1.0,
                                                       "cv": 0.1}},
-        "protocol": proto, "optimizer": {"lr": 0.001}, "run": r | {"eval_samples": 100}})
+        "protocol": proto, "run": r | {"eval_samples": 100},
+        "optimizer": {"lr": 0.001, "momentum": {"kind": momentum, "beta": 0.9}}})
 
 
 def online_vs_plain(scn, repeat):
@@ -124,6 +127,22 @@ def main() -> None:
     report.row(f"an MLP [128] epoch, 4-softsync (c = 7 gradients an update) / 30-softsync "
                f"(c = 1), lambda = 30, mu = 4, {m} samples", min(t[4]) / min(t[30]),
                target="<= 1.2", repeats=ratios(t[4], t[30]))
+    # The same 30-softsync epoch with one momentum buffer per learner (P2's shifted
+    # momentum) against one buffer: the update programs must write the buffer in place.
+    for kind in ("heavy-ball", "shifted"):
+        scn = scenario(30, 4, m, {"kind": "softsync", "n": 30}, gradients=m // 4,
+                       model="mlp", momentum=kind)
+        num = numerics_for(scn)
+        run(scn, numerics=num)
+        epochs[kind] = lambda num=num, scn=scn: run(scn, numerics=num).params
+    t = interleaved({k: epochs[k] for k in ("heavy-ball", "shifted")}, a.repeat)
+    print(f"5. the MLP's 30-softsync epoch with shifted momentum: {min(t['shifted']):.3f} s; "
+          f"heavy-ball {min(t['heavy-ball']):.3f} s -> ratio "
+          f"{min(t['shifted']) / min(t['heavy-ball']):.3f} (target <= 1.2)")
+    report.row(f"an MLP [128] 30-softsync epoch, shifted momentum (30 buffers) / heavy-ball "
+               f"(one), lambda = 30, mu = 4, {m} samples",
+               min(t["shifted"]) / min(t["heavy-ball"]), target="<= 1.2",
+               repeats=ratios(t["shifted"], t["heavy-ball"]))
     print(f"peak memory (max RSS): {peak_rss_mib():.0f} MiB")
     report.save()
 

@@ -32,9 +32,10 @@ def test_bench_gpu_tiny_prints_every_row(capsys):
     papers = sorted(f.stem for f in (REPO / "scenarios").glob("*.toml")
                     if "[profiles.paper" in f.read_text() and f.stem != "p1_f4_imagenet")
     assert not any(k.startswith("p1_f4_imagenet") for k in rows)  # ImageNet: size unknown
-    assert {"p1_f3_lr_modulation", "p1_tradeoff", "p2_f1", "p2_f4"} <= set(papers)
+    assert {"p1_f3_lr_modulation", "p1_tradeoff", "p2_f1", "p2_f4", "remedies"} <= set(papers)
     projected = [k for k in rows if "projected at the online rate" in k]
-    assert sorted(k.split()[0] for k in projected) == ["p1_f3_lr_modulation", "p1_tradeoff"]
+    assert sorted(k.split()[0] for k in projected) == ["p1_f3_lr_modulation", "p1_tradeoff",
+                                                       "remedies"]
     for name in papers:
         scn = load_scenario(REPO / "scenarios" / f"{name}.toml", profile="paper")
         points = [p for _, _, p in point_scenarios(scn)]

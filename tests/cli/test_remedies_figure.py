@@ -43,8 +43,7 @@ def test_every_remedy_is_tabled_at_the_best_rate_of_its_grid(smoke):
     runs = pd.read_csv(smoke / "figures" / "remedies_runs.csv")
     assert list(tab.columns[:len(COLUMNS)]) == COLUMNS
     assert set(tab["setup"]) == {"hardsync", "30-softsync", "30-softsync, churn"}
-    ran = set(REMEDIES) - {"p1-shifted"}  # the scenario leaves shifted momentum out
-    assert set(tab.loc[tab["setup"] == "30-softsync", "remedy"]) == ran
+    assert set(tab.loc[tab["setup"] == "30-softsync", "remedy"]) == set(REMEDIES)
     assert set(tab.loc[tab["setup"] == "30-softsync, churn", "remedy"]) == {"constant", "p1"}
     # Read back from the points' own scenario.toml: two rates per remedy and setting.
     assert (grid[grid["setup"] != "hardsync"].groupby(["setup", "remedy"]).size() == 2).all()
@@ -118,5 +117,5 @@ def test_the_caption_says_what_regenerates_it(smoke):
     from analysis._common import describe_runs
 
     text = describe_runs(smoke)
-    assert "synthetic-cifar (240 train / 100 test)" in text and "42 runs" in text
+    assert "synthetic-cifar (240 train / 100 test)" in text and "46 runs" in text
     assert "regenerate: asyncsim run" in text and "--profile smoke" in text

@@ -49,7 +49,8 @@ def check_runs_and_replays(scn: asyncsim.Scenario) -> None:
 
 @pytest.mark.parametrize("name", [
     pytest.param("p1_f2_speedup", marks=pytest.mark.slow),  # 30 x 3 gradients: ~16 s
-    "p1_f3_lr_modulation", pytest.param("p1_tradeoff", marks=pytest.mark.slow)])
+    "p1_f3_lr_modulation", pytest.param("p1_tradeoff", marks=pytest.mark.slow),
+    pytest.param("remedies", marks=pytest.mark.slow)])
 def test_p1_paper_profile_mechanics(name):
     scn = paper_point(name)
     assert scn.model.name == "cifar10-full" and scn.model.options.get("init") == "caffe"
