@@ -150,8 +150,10 @@ class Driver:
         self._window: list[CoreState] = []
         self._state_at: Callable[[int], CoreState] | None = None  # or a chunk's recomputation
         self._checked = len(self.rec.losses)  # updates the divergence rule has seen
+        # What a state in the window holds: all but its momentum, which the next update's
+        # program took over (P2's shifted momentum would count lambda times the model).
         state_bytes = sum(int(np.prod(np.shape(x))) * 4
-                          for x in jax.tree_util.tree_leaves(self.state))
+                          for x in jax.tree_util.tree_leaves(self.state._replace(momentum=())))
         # Keep at most ~WINDOW_BYTES of states for rollback: a model too big for 16 states
         # fetches its losses after every update instead (its gradients dwarf the sync).
         self.check_every = max(1, min(CHECK_EVERY, WINDOW_BYTES // max(state_bytes, 1)))
