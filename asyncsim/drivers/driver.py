@@ -67,7 +67,8 @@ class Monitor(Protocol):
     ``driver.folder``, before the summary marks the folder complete). ``driver.state`` is
     the run's own: the next update takes over its momentum buffers (the update programs
     donate them), so a monitor that keeps a state copies it (``jax.tree_util.tree_map(
-    np.array, state)``)."""
+    np.array, state)``); after a divergence, the state rolled back to has given up its
+    momentum already (its parameters are there)."""
 
     every: int
 
@@ -145,7 +146,7 @@ class Driver:
         self.monitor = monitor
         # Replays keep no checkpoints: they are redone, not resumed (runs._REDO).
         self.checkpoints = checkpoints and folder is not None
-        # The states after the unchecked updates, for a rollback: their params only (the
+        # The states after the unchecked updates, for a rollback to their parameters (the
         # update after each took over its momentum).
         self._window: list[CoreState] = []
         self._state_at: Callable[[int], CoreState] | None = None  # or a chunk's recomputation
