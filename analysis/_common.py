@@ -139,13 +139,19 @@ def time_to_target(ev: pd.DataFrame, target: float) -> tuple[float, float]:
     return float(t[i - 1] + f * (t[i] - t[i - 1])), float(ep[i - 1] + f * (ep[i] - ep[i - 1]))
 
 
+def run_failed(summary) -> bool:
+    """Whether a run failed: ``summary.json`` says it diverged or never learned (P1's "does
+    not converge"). The studies count such a run at its last evaluation."""
+    return bool(summary.get("diverged")) or bool(summary.get("never_learned"))
+
+
 def run_outcome(point, target: float) -> dict:
     """Where a run (a row of :func:`load_points`) ended: its final test and train error,
-    whether it failed (``summary.json``'s ``diverged`` or ``never_learned``: a failed run
-    keeps its last evaluation as its final error and has no time to the target), and its
-    simulated time to test error ``target`` (:func:`time_to_target`)."""
+    whether it failed (:func:`run_failed`: a failed run keeps its last evaluation as its
+    final error and has no time to the target), and its simulated time to test error
+    ``target`` (:func:`time_to_target`)."""
     s, ev = point["summary"], point["run"].evals
-    failed = bool(s.get("diverged")) or bool(s.get("never_learned"))
+    failed = run_failed(s)
     t, _ = time_to_target(ev, target)
     return {"final_test_error": float(ev["test_error"].iloc[-1]),
             "final_train_error": s.get("final_train_error", math.nan),

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ._common import RULE_LABEL, load_points, save, setup_label, setup_order
+from ._common import RULE_LABEL, load_points, run_failed, save, setup_label, setup_order
 
 NAME = "p1_f3_lr_modulation"
 RULES = ("constant", "inverse-staleness")
@@ -48,6 +48,7 @@ def _series(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                            "final_epoch": float(ev["epoch"].iloc[-1]), "diverged": diverged,
                            # P1's "does not converge": stuck within noise of chance
                            "never_learned": bool(p["summary"].get("never_learned")),
+                           "failed": run_failed(p["summary"]),
                            "staleness_mean": p["summary"].get("staleness_mean")})
     return pd.concat(curves, ignore_index=True), pd.DataFrame(finals)
 
@@ -63,9 +64,8 @@ def table(finals: pd.DataFrame) -> pd.DataFrame:
               final_test_error_std=("final_test_error", "std"),
               seeds=("seed", "nunique"), diverged=("diverged", "sum"),
               never_learned=("never_learned", "sum"),
-              staleness_mean=("staleness_mean", "mean")).reset_index()
-    t["failed"] = (g.apply(lambda d: int((d["diverged"] | d["never_learned"]).sum()),
-                           include_groups=False).to_numpy())
+              staleness_mean=("staleness_mean", "mean"),
+              failed=("failed", "sum")).reset_index()
     hs = t.loc[t["setup"] == "hardsync", ["rule", "final_test_error_mean"]]
     t = t.merge(hs.rename(columns={"final_test_error_mean": "hardsync"}), on="rule", how="left")
     t["diff_vs_hardsync"] = t["final_test_error_mean"] - t["hardsync"]
@@ -87,8 +87,7 @@ def draw(sweep_dir: Path, out_dir: Path) -> list[Path]:
             d = mean[(mean["rule"] == rule) & (mean["setup"] == s)].sort_values("epoch")
             if d.empty:
                 continue
-            f = finals[(finals["rule"] == rule) & (finals["setup"] == s)]
-            div = (f["diverged"] | f["never_learned"]).any()
+            div = finals[(finals["rule"] == rule) & (finals["setup"] == s)]["failed"].any()
             for j, col in enumerate(("train_loss", "test_error")):
                 ax = axes[i, j]
                 ax.plot(d["epoch"], d[col], color=colors[s], lw=1.4, marker=".", ms=3,
