@@ -49,6 +49,13 @@ def scenario(learners, mu, n_train, proto, updates=None, gradients=None,
         "optimizer": {"lr": 0.001, "momentum": {"kind": momentum, "beta": 0.9}}})
 
 
+def compiled_run(scn, num=None):
+    """A run of ``scn`` to time (its final params), its programs compiled by one run first."""
+    num = num or numerics_for(scn)
+    run(scn, numerics=num)
+    return lambda: run(scn, numerics=num).params
+
+
 def online_vs_plain(scn, repeat):
     """Wall times of the online run and of a plain loop over the same gradients, timed
     side by side, ``repeat`` rounds; and the number of gradients."""
@@ -80,13 +87,12 @@ def main() -> None:
     n = a.epoch_samples
     scn = scenario(30, 4, n, {"kind": "softsync", "n": 30}, gradients=n // 4)
     num = numerics_for(scn)
-    run(scn, numerics=num)
+    epoch = compiled_run(scn, num)
     ref = scenario(1, 128, n, {"kind": "async"}, gradients=n // 128)
     rnum = numerics_for(ref)
     plain = plain_sgd_loop(rnum, 0.001, [(0, b) for b in range(n // 128)], 128)
     plain4 = plain_sgd_loop(num, 0.001, [(i % 30, i // 30) for i in range(n // 4)], 4)
-    t = interleaved({"epoch": lambda: run(scn, numerics=num).params, "ref": plain,
-                     "mu4": plain4}, a.repeat)
+    t = interleaved({"epoch": epoch, "ref": plain, "mu4": plain4}, a.repeat)
     t_epoch, t_ref, t4 = (min(t[k]) for k in ("epoch", "ref", "mu4"))
     print(f"2. P1 lambda=30 mu=4 30-softsync epoch of {n} samples: {t_epoch:.3f} s; plain SGD "
           f"batch 128 epoch {t_ref:.3f} s -> ratio {t_epoch / t_ref:.3f} (target <= 1.2)")
@@ -98,13 +104,9 @@ def main() -> None:
     report.row("the same epoch / a plain SGD loop at mu = 4 (the simulator's own overhead)",
                t_epoch / t4, repeats=ratios(t["epoch"], t["mu4"]))
 
-    groups = {}
-    for grouping in ("none", "version"):
-        scn = scenario(30, 4, 1200, {"kind": "hardsync"}, updates=4)
-        num = numerics_for(scn, grouping=grouping)
-        run(scn, numerics=num)
-        groups[grouping] = lambda num=num, scn=scn: run(scn, numerics=num).params
-    t = interleaved(groups, a.repeat)
+    scn = scenario(30, 4, 1200, {"kind": "hardsync"}, updates=4)
+    t = interleaved({g: compiled_run(scn, numerics_for(scn, grouping=g))
+                     for g in ("none", "version")}, a.repeat)
     for grouping, ts in t.items():
         print(f"3. hardsync lambda=30 mu=4, 4 updates, grouping={grouping}: {min(ts):.3f} s")
     report.row("hardsync, lambda = 30, mu = 4: gradients grouped by version / one call each",
@@ -113,14 +115,10 @@ def main() -> None:
     # n-softsync with c = 7 gradients an update against c = 1, over the same gradients, on
     # the studies' MLP (its 3072 x 128 layer is where a slow slot sum shows): what summing
     # an update's slots (asyncsim.numerics.aggregation.weighted_sum) costs.
-    epochs = {}
     m = 4096
-    for nn in (4, 30):
-        scn = scenario(30, 4, m, {"kind": "softsync", "n": nn}, gradients=m // 4, model="mlp")
-        num = numerics_for(scn)
-        run(scn, numerics=num)
-        epochs[nn] = lambda num=num, scn=scn: run(scn, numerics=num).params
-    t = interleaved(epochs, a.repeat)
+    t = interleaved({nn: compiled_run(scenario(30, 4, m, {"kind": "softsync", "n": nn},
+                                               gradients=m // 4, model="mlp"))
+                     for nn in (4, 30)}, a.repeat)
     print(f"4. an MLP epoch of {m} samples under 4-softsync (c = 7): {min(t[4]):.3f} s; "
           f"30-softsync {min(t[30]):.3f} s -> ratio {min(t[4]) / min(t[30]):.3f} "
           "(target <= 1.2)")
@@ -129,13 +127,9 @@ def main() -> None:
                target="<= 1.2", repeats=ratios(t[4], t[30]))
     # The same 30-softsync epoch with one momentum buffer per learner (P2's shifted
     # momentum) against one buffer: the update programs must write the buffer in place.
-    for kind in ("heavy-ball", "shifted"):
-        scn = scenario(30, 4, m, {"kind": "softsync", "n": 30}, gradients=m // 4,
-                       model="mlp", momentum=kind)
-        num = numerics_for(scn)
-        run(scn, numerics=num)
-        epochs[kind] = lambda num=num, scn=scn: run(scn, numerics=num).params
-    t = interleaved({k: epochs[k] for k in ("heavy-ball", "shifted")}, a.repeat)
+    t = interleaved({k: compiled_run(scenario(30, 4, m, {"kind": "softsync", "n": 30},
+                                              gradients=m // 4, model="mlp", momentum=k))
+                     for k in ("heavy-ball", "shifted")}, a.repeat)
     print(f"5. the MLP's 30-softsync epoch with shifted momentum: {min(t['shifted']):.3f} s; "
           f"heavy-ball {min(t['heavy-ball']):.3f} s -> ratio "
           f"{min(t['shifted']) / min(t['heavy-ball']):.3f} (target <= 1.2)")
