@@ -132,3 +132,31 @@ def test_bad_method():
     loss, params = _quadratic([1.0, 2.0])
     with pytest.raises(ValueError):
         top_eigenvalue(loss, params, method="arnoldi")
+
+
+def test_initial_sharpness_is_measured_once_per_model_data_and_seed(monkeypatch):
+    """A sweep's points that share model, data and seed start from the same weights: their
+    initial sharpness is one measurement, the value a fresh measurement gives; another seed
+    starts elsewhere and is measured again."""
+    import asyncsim
+    from asyncsim.drivers.build import numerics_for
+    from asyncsim.scenario.load import load_scenario
+    from asyncsim.stability import measure
+    from tests.conftest import TINY, merged
+
+    calls = []
+    real = measure.sharpness
+    monkeypatch.setattr(measure, "sharpness",
+                        lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    scn = {"run": {"updates": 4, "eval_every": 4},
+           "measure": {"initial_sharpness": True, "sharpness_samples": 32}}
+    runs = [load_scenario(merged(TINY, optimizer={"lr": lr}, seed=seed, **scn))
+            for lr, seed in ((0.05, 7), (0.01, 7), (0.05, 8))]
+    measure._INITIAL.clear()
+    got = [asyncsim.run(s).summary["initial_sharpness"] for s in runs]
+    assert len(calls) == 2  # seed 7 once, seed 8 once
+    assert got[0] == got[1] != got[2]
+    num = numerics_for(runs[2])
+    fresh = real(num.model, num.init_params(), num.x_train[:32], num.y_train[:32],
+                 max_iter=100, tol=1e-4)
+    assert got[2] == fresh
