@@ -92,9 +92,9 @@ __all__ = ["KINDS", "Compensation", "compensated", "compensation_spec", "make_co
 
 
 class Compensation(NamedTuple):
-    """``init(params) -> state``; ``apply(state, grads, params_now, read, valid, refs=None,
+    """``init(params) -> state``; ``apply(state, grads, params_now, read, valid, ref=None,
     lr=None) -> (grads, state)``: the c gradients (leading axis c) rewritten in slot order
-    (``refs``, ``lr``: gap-aware's averaged arrays and base rate); ``after(state,
+    (``ref(k)``, ``lr``: gap-aware's averaged array for slot k and base rate); ``after(state,
     params_before, params_after) -> state``: the statistics after the update's step."""
 
     kind: str
@@ -248,25 +248,22 @@ def make_compensation(spec: Mapping[str, Any], key: str = KEY, *,
         """One gradient: (its compensated value, the statistics after it)."""
         return rule.correct(stats, g, tm(lambda a, b: a - b, now, read), ok, ref, lr)
 
-    def apply(state, grads, params_now, read, valid, refs=None, lr=None):
-        """``refs``: gap-aware's averaged array per slot (leading axis c; None: the
-        gradients themselves); ``lr``: the base rate."""
+    def apply(state, grads, params_now, read, valid, ref=None, lr=None):
+        """``ref(k)``: gap-aware's averaged array for slot ``k`` (None: the gradient
+        itself); ``lr``: the base rate."""
         c = jax.tree_util.tree_leaves(grads)[0].shape[0]
         valid = jnp.ones((c,), bool) if valid is None else valid
-        refs = grads if refs is None else refs
-        if c == 1:
-            first = functools.partial(tm, lambda x: x[0])
-            g, state = one(state, first(grads), params_now, first(read), valid[0],
-                           first(refs), lr)
-            return tm(lambda x: x[None], g), state
-
-        def slot(stats, xs):
-            g_l, r_l, ok, ref_l = xs
-            g, stats = one(stats, g_l, params_now, r_l, ok, ref_l, lr)
-            return stats, g
-
-        state, out = jax.lax.scan(slot, state, (grads, read, valid, refs))
-        return out, state
+        out = []
+        for k in range(c):  # c is static: the slots one after the other, in slot order
+            g_k = tm(lambda x, k=k: x[k], grads)
+            r_k = tm(lambda x, k=k: x[k], read)
+            g, state = one(state, g_k, params_now, r_k, valid[k],
+                           g_k if ref is None else ref(k), lr)
+            # Each slot's result is materialised: fused into the next slot's, XLA's CPU
+            # backend recomputes the running statistics once per later slot.
+            out.append(jax.lax.optimization_barrier((g, state)))
+            state = out[-1][1]
+        return tm(lambda *xs: jnp.stack(xs), *(g for g, _ in out)), state
 
     return Compensation(kind, rule.init, apply, rule.after)
 
@@ -287,27 +284,33 @@ def compensated(comp: Compensation, *, buffer: str = "none", caffe: bool = False
     def init(params):
         return {"comp": comp.init(params)}
 
-    def refs(u, state):
-        """Per slot, the array gap-aware averages the square of (module docstring)."""
+    def ref(u, state):
+        """Slot k -> the array gap-aware averages the square of (module docstring)."""
         if buffer == "none":
-            return u.grads
+            return None
         lr = state.hyper["lr"]
         unit = (lambda b: b / lr) if caffe else (lambda b: b)
-        if buffer == "one":
-            bufs = tm(lambda b, g: jnp.broadcast_to(unit(b), g.shape), state.momentum, u.grads)
-        else:  # per learner: the buffer of the learner that computed the slot's gradient,
-            # the gradient where that buffer has not started (module docstring)
-            bufs = tm(lambda b, g: jnp.where(b[u.learner_ids] == 0, g, unit(b[u.learner_ids])),
-                      state.momentum, u.grads)
         on = state.hyper["beta"] != 0  # FTPipe: momentum_buffer only while momentum != 0
-        return tm(lambda b, g: jnp.where(on, b.astype(g.dtype), g), bufs, u.grads)
+
+        def of(k):
+            g_k = tm(lambda g: g[k], u.grads)
+            if buffer == "one":
+                b_k = tm(lambda b, g: unit(b).astype(g.dtype), state.momentum, g_k)
+            else:  # per learner: the buffer of the learner that computed the slot's
+                # gradient, the gradient where that buffer has not started (docstring)
+                lid = u.learner_ids[k]
+                b_k = tm(lambda b, g: jnp.where(b[lid] == 0, g, unit(b[lid]).astype(g.dtype)),
+                         state.momentum, g_k)
+            return tm(lambda b, g: jnp.where(on, b, g), b_k, g_k)
+
+        return of
 
     def update(u, state):
         if u.read_params is None:
             raise ValueError("optimizer.compensation needs read_params, the parameters each "
                              "gradient was computed on")
         grads, stats = comp.apply(state.comp, u.grads, u.params, u.read_params, u.valid,
-                                  refs(u, state), state.hyper["lr"])
+                                  ref(u, state), state.hyper["lr"])
         if u.valid is not None:  # a padding slot's rewritten value is dropped as before
             grads = zero_padding(grads, u.valid)
         return u._replace(grads=grads), state._replace(comp=stats)

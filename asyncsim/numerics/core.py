@@ -108,7 +108,10 @@ PyTree = Any
 # 3: shifted momentum's step adds each learner's buffer row as stored
 # (momentum.shifted_momentum); with one gradient an update XLA had recomputed the row inside
 # the parameter update, rounding a few elements differently.
-NUMERICS_REVISION = 3
+# 4: delay compensation rewrites an update's gradients in an unrolled loop over its slots,
+# each slot's result materialised (compensation.make_compensation), not a lax.scan: XLA
+# fuses the rewrite with the rest of the update differently, rounding differently.
+NUMERICS_REVISION = 4
 
 __all__ = ["NUMERICS_REVISION", "MOMENTUM_KINDS", "MOMENTUM_STYLES", "check_momentum_kind",
            "CoreState", "UpdateCore", "make_core", "core_pieces", "register_lr_rule",
