@@ -54,24 +54,28 @@ def aggregated(params, grads, weights, decay, wd):
 
 
 def weighted_sum(weights, grads):
-    """``sum_l w_l g_l`` over the leading (slot) axis of every leaf of ``grads``, each
-    product rounded, then added in slot order from zero.
+    """``sum_l w_l g_l`` over the leading (slot) axis of every leaf of ``grads``, added in
+    slot order from zero, one step ``acc + w_l g_l`` per slot.
 
-    A ``lax.scan`` over the slots, for two reasons. XLA's CPU backend compiles the fused
+    An unrolled loop over the (static) slots, each partial sum materialised
+    (``optimization_barrier``), for two reasons. XLA's CPU backend compiles the fused
     multiply-and-reduce ``jnp.sum(w * g, axis=0)`` into a loop 30-200x slower than the adds
-    it performs (measured on a 3072 x 128 layer: c = 7, 71 ms against 0.7 ms; c = 30,
-    550 ms against 2.5 ms), which made every update of a softsync run with c > 1 cost more
-    than its gradients. And the order is this function's, not a fusion decision: alone,
-    that reduction gives these numbers bit for bit, but inside the update program XLA
-    rounded a few elements differently (numerics revision 1)."""
+    it performs (measured on a 3072 x 128 layer: c = 7, 71 ms against 0.7 ms), and a
+    ``lax.scan`` over the stacked slots, which fixes the order, still copied the c gradients
+    into one array and ran a loop step per slot (c = 30: 39 ms an update against 2.7 ms
+    unrolled). And the order is this function's, not a fusion decision: left to fuse the
+    whole chain, XLA contracts other products into its multiply-adds and rounds
+    differently; with each step its own fusion, and the zero start not folded away, each
+    step compiles as the scan's body did: the scan's numbers bit for bit
+    (tests/unit/test_core_pieces.py), and so every update's but an optax transform's, which
+    XLA fused with the sum's result otherwise and rounded a few elements differently from
+    its second update on (numerics revision 5)."""
     tm = jax.tree_util.tree_map
-
-    def add(acc, slot):
-        w, g = slot
-        return tm(lambda a, gl: a + w * gl, acc, g), None
-
-    zeros = tm(lambda g: jnp.zeros(g.shape[1:], jnp.result_type(weights, g)), grads)
-    return jax.lax.scan(add, zeros, (weights, grads))[0]
+    barrier = jax.lax.optimization_barrier
+    acc = barrier(tm(lambda g: jnp.zeros(g.shape[1:], jnp.result_type(weights, g)), grads))
+    for k in range(weights.shape[0]):
+        acc = barrier(tm(lambda a, g, k=k: a + weights[k] * g[k], acc, grads))
+    return acc
 
 
 def aggregate() -> Piece:

@@ -102,16 +102,19 @@ PyTree = Any
 
 # Raised whenever the core's numbers for an unchanged scenario change (recorded in every
 # run's summary.json; a sweep reruns a complete point made under another revision).
-# 2: the n-softsync sum over an update's slots is an explicit in-order scan
-# (aggregation.weighted_sum); revision 1 left the order to XLA's fusion, which rounded a
-# few elements of a leaf differently (1 ulp) wherever c > 1.
+# 2: the n-softsync sum over an update's slots is explicitly in order, step by step
+# (aggregation.weighted_sum, a scan then; see 5); revision 1 left the order to XLA's
+# fusion, which rounded a few elements of a leaf differently (1 ulp) wherever c > 1.
 # 3: shifted momentum's step adds each learner's buffer row as stored
 # (momentum.shifted_momentum); with one gradient an update XLA had recomputed the row inside
 # the parameter update, rounding a few elements differently.
 # 4: delay compensation rewrites an update's gradients in an unrolled loop over its slots,
 # each slot's result materialised (compensation.make_compensation), not a lax.scan: XLA
 # fuses the rewrite with the rest of the update differently, rounding differently.
-NUMERICS_REVISION = 4
+# 5: the n-softsync sum is an unrolled loop (aggregation.weighted_sum), the scan's numbers
+# bit for bit, but an optax transform taking it (Adam) rounds a few elements differently
+# from its second update on wherever c > 1; every other run keeps its bits.
+NUMERICS_REVISION = 5
 
 __all__ = ["NUMERICS_REVISION", "MOMENTUM_KINDS", "MOMENTUM_STYLES", "check_momentum_kind",
            "CoreState", "UpdateCore", "make_core", "core_pieces", "register_lr_rule",

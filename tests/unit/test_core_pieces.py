@@ -9,7 +9,7 @@ import pytest
 
 from asyncsim.config import MomentumConfig, OptimizerConfig, ScheduleConfig
 from asyncsim.errors import ScenarioError
-from asyncsim.numerics.aggregation import aggregate, softsync_weights
+from asyncsim.numerics.aggregation import aggregate, softsync_weights, weighted_sum
 from asyncsim.numerics.chain import Piece, chain, read_slots, unless_all_padding
 from asyncsim.numerics.compensation import compensated, make_compensation
 from asyncsim.numerics.core import CoreState, core_pieces, make_core
@@ -110,6 +110,41 @@ def test_aggregate_of_two_gradients_by_hand():
     one = slots({"w": f32([1.0, 2.0])}, [0], params=theta)
     one = one._replace(weights=f32(0.5), wd=jnp.float32(0.1), decay={"w": 2.0})
     close(aggregate().update(one, None)[0].direction["w"], [0.5 + 0.2, 1.0 + 0.4])
+
+
+@pytest.mark.parametrize("c", [2, 7, 30])
+def test_weighted_sum_adds_in_slot_order_as_a_scan_does(c):
+    """The slots summed from zero in slot order, each step ``acc + w_l g_l``: bit for bit
+    what a ``lax.scan`` over the slots computes (the order numerics revision 2 fixed), inside
+    a larger program as alone, on the studies' 3072 x 128 layer."""
+    import jax
+
+    rng = np.random.default_rng(c)
+    grads = {"w": jnp.asarray(rng.standard_normal((c, 3072, 128)), jnp.float32),
+             "b": jnp.asarray(rng.standard_normal((c, 128)), jnp.float32)}
+    weights = jnp.asarray(rng.random(c), jnp.float32)
+
+    def scanned(weights, grads):
+        def add(acc, slot):
+            w, g = slot
+            return jax.tree_util.tree_map(lambda a, gl: a + w * gl, acc, g), None
+
+        zeros = jax.tree_util.tree_map(lambda g: jnp.zeros(g.shape[1:], g.dtype), grads)
+        return jax.lax.scan(add, zeros, (weights, grads))[0]
+
+    def in_update(sum_fn):  # the sum feeding a step, as the update program uses it
+        return jax.jit(lambda w, g: jax.tree_util.tree_map(lambda s: 0.5 - 0.1 * s,
+                                                           sum_fn(w, g)))
+
+    for wrap in (jax.jit, in_update):
+        got, want = wrap(weighted_sum)(weights, grads), wrap(scanned)(weights, grads)
+        for k in grads:
+            np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+    # and it is the weighted sum: numpy's, in float64, to float32 rounding
+    exact = np.einsum("l,lij->ij", np.asarray(weights, np.float64),
+                      np.asarray(grads["w"], np.float64))
+    got = np.asarray(jax.jit(weighted_sum)(weights, grads)["w"], np.float64)
+    assert np.abs(got - exact).max() < 1e-5 * max(1.0, np.abs(exact).max()) * c
 
 
 def test_weight_decay_multipliers_and_scope():
