@@ -12,10 +12,10 @@
    (c = 1): the cost of summing an update's slots. Target: <= 1.2.
 5. The same 30-softsync epoch with P2's shifted momentum (30 per-learner buffers) vs
    heavy-ball (one): the cost of keeping a buffer per learner. Target: <= 1.2.
-6. The 4-softsync MLP epoch of row 4 with delay compensation (gap-aware, DC-ASGD-a), each
-   vs the same epoch without: the cost of rewriting each of an update's 7 gradients from
-   the version it read. Target: <= 1.5 (one more pass over the parameters per gradient at
-   most doubles an update's cost, about half the epoch's).
+6. A 4-softsync MLP epoch with heavy-ball momentum and delay compensation (gap-aware,
+   DC-ASGD-a), each vs the same epoch without: the cost of rewriting each of an update's 7
+   gradients from the version it read. Target: <= 1.5 (one more pass over the parameters
+   per gradient at most doubles an update's cost, about half the epoch's).
 Reports peak memory (max RSS) too.
 
     python benchmarks/bench_online.py [--grads 16] [--epoch-samples 1280]
@@ -142,7 +142,7 @@ def main() -> None:
                f"(one), lambda = 30, mu = 4, {m} samples",
                min(t["shifted"]) / min(t["heavy-ball"]), target="<= 1.2",
                repeats=ratios(t["shifted"], t["heavy-ball"]))
-    # The 4-softsync epoch of row 4 with each delay compensation against none: the rewrite
+    # A 4-softsync epoch with each delay compensation against none: the rewrite
     # of every gradient (asyncsim.numerics.compensation) runs slot by slot over the layer.
     soft4 = {"kind": "softsync", "n": 4}
     t = interleaved({k: compiled_run(scenario(30, 4, m, soft4, gradients=m // 4, model="mlp",

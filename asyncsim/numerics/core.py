@@ -110,7 +110,8 @@ PyTree = Any
 # the parameter update, rounding a few elements differently.
 # 4: delay compensation rewrites an update's gradients in an unrolled loop over its slots,
 # each slot's result materialised (compensation.make_compensation), not a lax.scan: XLA
-# fuses the rewrite with the rest of the update differently, rounding differently.
+# fuses the rewrite with the rest of the update differently, rounding differently wherever
+# c > 1.
 # 5: the n-softsync sum is an unrolled loop (aggregation.weighted_sum), the scan's numbers
 # bit for bit, but an optax transform taking it (Adam) rounds a few elements differently
 # from its second update on wherever c > 1; every other run keeps its bits.

@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-# Programs (model, data, seed) -> {samples: lambda_max at the initial weights}. The initial
-# weights are a function of the model and the seed only, so every point of a sweep that
-# shares them has the same initial sharpness: it is measured once, not once per point
-# (0.4 s a run on the remedies study's MLP, 100 power iterations).
+# Programs (model, data, seed, batch size) -> {samples: lambda_max at the initial weights}.
+# The initial weights are a function of the model and the seed only, so every point of a
+# sweep that shares them has the same initial sharpness: it is measured once, not once per
+# point (0.4 s a run on the remedies study's MLP, 100 power iterations).
 _INITIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
