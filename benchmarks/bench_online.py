@@ -61,6 +61,15 @@ def compiled_run(scn, num=None):
     return lambda: run(scn, numerics=num).params
 
 
+def ratio_row(report, t, num, den, what, row, target):
+    """Print and record the ratio of the best times ``t[num] / t[den]`` (their per-round
+    ratios as its spread)."""
+    r = min(t[num]) / min(t[den])
+    print(f"{what}: {min(t[num]):.3f} s / {min(t[den]):.3f} s -> ratio {r:.3f} "
+          f"(target {target})")
+    report.row(row, r, target=target, repeats=ratios(t[num], t[den]))
+
+
 def online_vs_plain(scn, repeat):
     """Wall times of the online run and of a plain loop over the same gradients, timed
     side by side, ``repeat`` rounds; and the number of gradients."""
@@ -124,24 +133,18 @@ def main() -> None:
     t = interleaved({nn: compiled_run(scenario(30, 4, m, {"kind": "softsync", "n": nn},
                                                gradients=m // 4, model="mlp"))
                      for nn in (4, 30)}, a.repeat)
-    print(f"4. an MLP epoch of {m} samples under 4-softsync (c = 7): {min(t[4]):.3f} s; "
-          f"30-softsync {min(t[30]):.3f} s -> ratio {min(t[4]) / min(t[30]):.3f} "
-          "(target <= 1.2)")
-    report.row(f"an MLP [128] epoch, 4-softsync (c = 7 gradients an update) / 30-softsync "
-               f"(c = 1), lambda = 30, mu = 4, {m} samples", min(t[4]) / min(t[30]),
-               target="<= 1.2", repeats=ratios(t[4], t[30]))
+    ratio_row(report, t, 4, 30, f"4. an MLP epoch of {m} samples, 4-softsync / 30-softsync",
+              f"an MLP [128] epoch, 4-softsync (c = 7 gradients an update) / 30-softsync "
+              f"(c = 1), lambda = 30, mu = 4, {m} samples", "<= 1.2")
     # The same 30-softsync epoch with one momentum buffer per learner (P2's shifted
     # momentum) against one buffer: the update programs must write the buffer in place.
     t = interleaved({k: compiled_run(scenario(30, 4, m, {"kind": "softsync", "n": 30},
                                               gradients=m // 4, model="mlp", momentum=k))
                      for k in ("heavy-ball", "shifted")}, a.repeat)
-    print(f"5. the MLP's 30-softsync epoch with shifted momentum: {min(t['shifted']):.3f} s; "
-          f"heavy-ball {min(t['heavy-ball']):.3f} s -> ratio "
-          f"{min(t['shifted']) / min(t['heavy-ball']):.3f} (target <= 1.2)")
-    report.row(f"an MLP [128] 30-softsync epoch, shifted momentum (30 buffers) / heavy-ball "
-               f"(one), lambda = 30, mu = 4, {m} samples",
-               min(t["shifted"]) / min(t["heavy-ball"]), target="<= 1.2",
-               repeats=ratios(t["shifted"], t["heavy-ball"]))
+    ratio_row(report, t, "shifted", "heavy-ball",
+              "5. the MLP's 30-softsync epoch, shifted momentum / heavy-ball",
+              f"an MLP [128] 30-softsync epoch, shifted momentum (30 buffers) / heavy-ball "
+              f"(one), lambda = 30, mu = 4, {m} samples", "<= 1.2")
     # A 4-softsync epoch with each delay compensation against none: the rewrite
     # of every gradient (asyncsim.numerics.compensation) runs slot by slot over the layer.
     soft4 = {"kind": "softsync", "n": 4}
@@ -150,11 +153,9 @@ def main() -> None:
                                               compensation=None if k == "none" else k))
                      for k in ("none", "gap-aware", "dc-asgd-a")}, a.repeat)
     for k in ("gap-aware", "dc-asgd-a"):
-        print(f"6. the MLP's 4-softsync epoch with {k}: {min(t[k]):.3f} s; without "
-              f"{min(t['none']):.3f} s -> ratio {min(t[k]) / min(t['none']):.3f} (target <= 1.5)")
-        report.row(f"an MLP [128] 4-softsync epoch, {k} compensation / none (heavy-ball), "
-                   f"lambda = 30, mu = 4, {m} samples", min(t[k]) / min(t["none"]),
-                   target="<= 1.5", repeats=ratios(t[k], t["none"]))
+        ratio_row(report, t, k, "none", f"6. the MLP's 4-softsync epoch, {k} / none",
+                  f"an MLP [128] 4-softsync epoch, {k} compensation / none (heavy-ball), "
+                  f"lambda = 30, mu = 4, {m} samples", "<= 1.5")
     print(f"peak memory (max RSS): {peak_rss_mib():.0f} MiB")
     report.save()
 

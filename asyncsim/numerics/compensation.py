@@ -94,7 +94,7 @@ __all__ = ["KINDS", "Compensation", "compensated", "compensation_spec", "make_co
 class Compensation(NamedTuple):
     """``init(params) -> state``; ``apply(state, grads, params_now, read, valid, ref=None,
     lr=None) -> (grads, state)``: the c gradients (leading axis c) rewritten in slot order
-    (``ref(k)``, ``lr``: gap-aware's averaged array for slot k and base rate); ``after(state,
+    (``ref(k, g_k)``, ``lr``: gap-aware's averaged array for slot k and base rate); ``after(state,
     params_before, params_after) -> state``: the statistics after the update's step."""
 
     kind: str
@@ -249,8 +249,8 @@ def make_compensation(spec: Mapping[str, Any], key: str = KEY, *,
         return rule.correct(stats, g, tm(lambda a, b: a - b, now, read), ok, ref, lr)
 
     def apply(state, grads, params_now, read, valid, ref=None, lr=None):
-        """``ref(k)``: gap-aware's averaged array for slot ``k`` (None: the gradient
-        itself); ``lr``: the base rate."""
+        """``ref(k, g_k)``: gap-aware's averaged array for slot ``k``, whose gradient is
+        ``g_k`` (None: the gradient itself); ``lr``: the base rate."""
         c = jax.tree_util.tree_leaves(grads)[0].shape[0]
         valid = jnp.ones((c,), bool) if valid is None else valid
         out = []
@@ -258,7 +258,7 @@ def make_compensation(spec: Mapping[str, Any], key: str = KEY, *,
             g_k = tm(lambda x, k=k: x[k], grads)
             r_k = tm(lambda x, k=k: x[k], read)
             g, state = one(state, g_k, params_now, r_k, valid[k],
-                           g_k if ref is None else ref(k), lr)
+                           g_k if ref is None else ref(k, g_k), lr)
             # Each slot's result is materialised: fused into the next slot's, XLA's CPU
             # backend recomputes the running statistics once per later slot. (Unrolled, the
             # program takes longer to compile as c grows: c = 30, ~4 s for the remedies'
@@ -287,15 +287,15 @@ def compensated(comp: Compensation, *, buffer: str = "none", caffe: bool = False
         return {"comp": comp.init(params)}
 
     def ref(u, state):
-        """Slot k -> the array gap-aware averages the square of (module docstring)."""
+        """(slot k, its gradient) -> the array gap-aware averages the square of (module
+        docstring)."""
         if buffer == "none":
             return None
         lr = state.hyper["lr"]
         unit = (lambda b: b / lr) if caffe else (lambda b: b)
         on = state.hyper["beta"] != 0  # FTPipe: momentum_buffer only while momentum != 0
 
-        def of(k):
-            g_k = tm(lambda g: g[k], u.grads)
+        def of(k, g_k):
             if buffer == "one":
                 b_k = tm(lambda b, g: unit(b).astype(g.dtype), state.momentum, g_k)
             else:  # per learner: the buffer of the learner that computed the slot's
