@@ -15,7 +15,10 @@ Grouping (README, "Performance"): gradients of one update that read the same
 version can be computed by one vmapped call (``grouping="version"``) or one by one
 (``grouping="none"``). On JAX's CPU backend separate calls measured faster for small
 per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on GPU/TPU;
-``benchmarks/bench_online.py`` measures both.
+``benchmarks/bench_online.py`` measures both. One by one, an update of up to
+:attr:`Numerics.fused_rows` gradients is one compiled call: each gradient as the gradient
+program computes it, then the update program (the remedies' MLP at c = 7: 1.4 ms an update
+against 2.6 ms in eight calls).
 """
 
 from __future__ import annotations
@@ -45,6 +48,15 @@ from asyncsim.numerics.parts import build_dataset, build_model
 INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct from batches
 
 Row = tuple[int, int, int, int]  # (learner, batch, read_version, staleness)
+
+# An update of c gradients runs as one program (gradients and update) while c gradients
+# take at most FUSED_BYTES and c <= FUSED_MAX_ROWS, else as c gradient calls and the update
+# program (the same bits either way). Above 32 MiB of temporaries glibc returns the
+# program's buffer to the system after every call (its largest mmap threshold) and the
+# pages are faulted in again: the remedies' MLP at c = 30 took 23 ms an update in one
+# program against 12 ms in 31 calls.
+FUSED_BYTES = 16 << 20
+FUSED_MAX_ROWS = 16
 
 
 def init_key(seed: int) -> jax.Array:
@@ -199,6 +211,12 @@ class Numerics:
         nominal_staleness: the protocol's nominal delay (a timing fact too); needed only by
             ``optimizer.lr_staleness = "nominal"``.
 
+    Attributes:
+        fused_rows: the most gradients an update computes in one compiled call with the
+            update (``grouping="none"``; :data:`FUSED_BYTES`, :data:`FUSED_MAX_ROWS`); a
+            larger update calls the gradient program per gradient, then the update program.
+            Either way the same bits.
+
     The drivers build it from a scenario with :func:`asyncsim.drivers.build.numerics_for`;
     programs of the same (model, data, seed, batch size) are shared, so sweeps and tests
     compile them once.
@@ -258,20 +276,34 @@ class Numerics:
         self.apply = _jit_donating_momentum(apply)
         grad_one_raw = shared.one
 
+        def fused(state, reads, x_all, y_all, learners, batches, staleness, step):
+            # One dispatch per update of up to `fused_rows` gradients: the gradient program
+            # for each row (at the version it read), then the update program, in one
+            # compiled call. Each gradient passes a barrier, so XLA fuses neither across
+            # gradients nor into the update: a gradient's arithmetic is `grad`'s and the
+            # update's is `apply`'s, whether its gradients were computed here or by learners
+            # elsewhere (the real PS calls `apply` on them).
+            outs = [jax.lax.optimization_barrier(
+                grad_one_raw(params_r, x_all, y_all, learners[k], batches[k]))
+                for k, params_r in enumerate(reads)]
+            st = apply(state, tuple(g for _, g in outs), staleness, learners, step,
+                       reads if self.compensates else ())
+            return st, jnp.stack([loss for loss, _ in outs])
+
         def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
-            # One dispatch per single-gradient update (async, ssp, fixed-delay, lambda-
-            # softsync): the gradient program, then the update program, in one compiled
-            # call. The barrier keeps XLA from fusing across the two, so the update's
-            # arithmetic is the update program's whether its gradient was computed here or
-            # by a learner elsewhere (the real PS calls `apply` on it).
-            loss, g = jax.lax.optimization_barrier(
-                grad_one_raw(params_r, x_all, y_all, learner, batch))
-            st = apply(state, (g,), staleness[None], learner[None], step,
-                       (params_r,) if self.compensates else ())
-            return st, loss[None]
+            # The c = 1 update, for the vmapped replayer (scalars, one version).
+            return fused(state, (params_r,), x_all, y_all, learner[None], batch[None],
+                         staleness[None], step)
 
         self.fused1_fn = fused1
-        self._fused1 = _jit_donating_momentum(fused1)
+        self._fused = _jit_donating_momentum(fused)
+        # The most gradients one fused program computes: its temporaries (about a gradient
+        # each) stay under FUSED_BYTES, and its compile time (XLA compiles each gradient
+        # anew: ~0.23 s for the remedies' MLP) under a few seconds.
+        grad_bytes = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in
+                         jax.tree_util.tree_leaves(jax.eval_shape(self.model.init,
+                                                                  jax.random.PRNGKey(0))))
+        self.fused_rows = max(1, min(FUSED_MAX_ROWS, FUSED_BYTES // max(grad_bytes, 1)))
 
     # ------------------------------------------------------------------ state
     def init_params(self):
@@ -318,12 +350,13 @@ class Numerics:
         Every driver executes updates through this method, so the same rows give the same
         compiled calls and bit-identical results online, in replay and on Ray.
         """
-        if len(rows) == 1:
-            (l, b, r, tau), = rows
-            return self._fused1(state, versions[r], self.x_train, self.y_train, np.int32(l),
-                                np.int32(b), np.int32(tau), np.int32(version))
         staleness = np.asarray([row[3] for row in rows], np.int32)
         learners = np.asarray([row[0] for row in rows], np.int32)
+        if len(rows) == 1 or (self.grouping == "none" and len(rows) <= self.fused_rows):
+            return self._fused(state, tuple(versions[r] for _, _, r, _ in rows), self.x_train,
+                               self.y_train, learners,
+                               np.asarray([row[1] for row in rows], np.int32), staleness,
+                               np.int32(version))
         reads = self.reads(versions, rows)
         if self.grouping == "none":
             outs = [self.grad(versions[r], self.x_train, self.y_train,

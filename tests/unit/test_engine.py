@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import jax
@@ -300,6 +301,43 @@ def test_the_update_program_takes_over_the_momentum_and_computes_the_same(moment
         versions[v + 1] = state.params
         assert param_hash(state) == param_hash(ref)
     assert param_hash(state.params) == run(scn, numerics=num).summary["param_hash"]
+
+
+@pytest.mark.parametrize("optimizer", [
+    {"lr": 0.03, "momentum": {"kind": "shifted", "beta": 0.8}},
+    {"lr": 0.03, "momentum": {"kind": "heavy-ball", "beta": 0.9},
+     "compensation": {"kind": "gap-aware"}},
+    {"lr": 0.01, "transform": {"name": "adam"}, "lr_rule": "inverse-staleness",
+     "compensation": {"kind": "dc-asgd-a"}},
+], ids=["shifted", "heavy-ball-gap-aware", "adam-dc-asgd-a"])
+def test_an_update_in_one_program_is_its_gradient_calls_and_update_program(optimizer,
+                                                                             num_cache, tiny):
+    """An update of c gradients runs as one program while c <= ``fused_rows``, else as c
+    gradient calls and the update program; both give, bit for bit, what the real PS
+    computes: each gradient from ``grad`` at the version it read, applied by
+    ``apply_given``."""
+    scn = tiny(optimizer=optimizer, cluster={"learners": 5},
+               protocol={"kind": "softsync", "n": 1}, run={"updates": 10})
+    num = num_cache(scn)
+    split = copy.copy(num)
+    split.fused_rows = 2  # the same programs, c = 5 above the bound: the separate calls
+    trace = run(scn, numerics=num).trace
+    assert num.fused_rows >= 5 and {len(rows) for _, rows, _ in trace.iter_updates()} == {5}
+    states = {k: n.init_state() for k, n in (("fused", num), ("split", split), ("ps", num))}
+    versions = {k: {0: s.params} for k, s in states.items()}
+    for v, rows, _ in trace.iter_updates():
+        for k, n in (("fused", num), ("split", split)):
+            states[k], _ = n.update(states[k], versions[k], v, rows)
+        read = versions["ps"]
+        grads = [num.grad(read[r], num.x_train, num.y_train, np.int32(l), np.int32(b))[1]
+                 for l, b, r, _ in rows]
+        states["ps"] = num.apply_given(states["ps"], v, rows, grads, read)
+        for k, s in states.items():
+            versions[k][v + 1] = s.params
+        assert param_hash(states["fused"]) == param_hash(states["split"]) == param_hash(
+            states["ps"])
+    assert trace.grads["staleness"].max() > 0  # versions read apart, compensated
+    assert param_hash(states["fused"].params) == run(scn, numerics=num).summary["param_hash"]
 
 
 def test_replay_memory_bound_is_checked_before_allocating(num_cache, tiny):
