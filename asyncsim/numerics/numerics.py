@@ -18,7 +18,8 @@ per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on 
 ``benchmarks/bench_online.py`` measures both. One by one, an update of up to
 :attr:`Numerics.fused_rows` gradients is one compiled call: each gradient as the gradient
 program computes it, then the update program (the remedies' MLP at c = 7: 1.4 ms an update
-against 2.6 ms in eight calls).
+against 2.6 ms in eight calls); a larger one computes its gradients by calls of
+``fused_rows``, then calls the update program.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct
 Row = tuple[int, int, int, int]  # (learner, batch, read_version, staleness)
 
 # An update of c gradients runs as one program (gradients and update) while c gradients
-# take at most FUSED_BYTES and c <= FUSED_MAX_ROWS, else as c gradient calls and the update
-# program (the same bits either way). Above 32 MiB of temporaries glibc returns the
-# program's buffer to the system after every call (its largest mmap threshold) and the
-# pages are faulted in again: the remedies' MLP at c = 30 took 23 ms an update in one
-# program against 12 ms in 31 calls.
+# take at most FUSED_BYTES and c <= FUSED_MAX_ROWS (fused_rows), else as programs of
+# fused_rows gradients each and the update program (the same bits either way). Above 32 MiB
+# of temporaries glibc returns a program's buffer to the system after every call (its
+# largest mmap threshold) and the pages are faulted in again: the remedies' MLP at c = 30
+# took 23 ms an update in one program against 12 ms in 31 calls.
 FUSED_BYTES = 16 << 20
 FUSED_MAX_ROWS = 16
 
@@ -69,6 +70,16 @@ def _init_key(seed):
     # One program, not four (seed, fold-in, their conversions): integer arithmetic only,
     # so the same bits as the operations run one by one.
     return jax.random.fold_in(jax.random.PRNGKey(seed), INIT_TAG)
+
+
+def fused_rows(model: Model) -> int:
+    """The most gradients of ``model`` an update computes in its one compiled call: their
+    temporaries (about a gradient each) within :data:`FUSED_BYTES`, and at most
+    :data:`FUSED_MAX_ROWS`, since XLA compiles each gradient of the unrolled program anew
+    (~0.23 s each for the remedies' MLP)."""
+    shapes = jax.tree_util.tree_leaves(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
+    grad_bytes = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in shapes)
+    return max(1, min(FUSED_MAX_ROWS, FUSED_BYTES // max(grad_bytes, 1)))
 
 
 def _to_device(a: np.ndarray) -> jax.Array:
@@ -213,9 +224,9 @@ class Numerics:
 
     Attributes:
         fused_rows: the most gradients an update computes in one compiled call with the
-            update (``grouping="none"``; :data:`FUSED_BYTES`, :data:`FUSED_MAX_ROWS`); a
-            larger update calls the gradient program per gradient, then the update program.
-            Either way the same bits.
+            update (``grouping="none"``; :func:`fused_rows`); a larger update computes its
+            gradients by calls of that many, then calls the update program. Either way the
+            same bits.
 
     The drivers build it from a scenario with :func:`asyncsim.drivers.build.numerics_for`;
     programs of the same (model, data, seed, batch size) are shared, so sweeps and tests
@@ -276,19 +287,23 @@ class Numerics:
         self.apply = _jit_donating_momentum(apply)
         grad_one_raw = shared.one
 
-        def fused(state, reads, x_all, y_all, learners, batches, staleness, step):
-            # One dispatch per update of up to `fused_rows` gradients: the gradient program
-            # for each row (at the version it read), then the update program, in one
-            # compiled call. Each gradient passes a barrier, so XLA fuses neither across
-            # gradients nor into the update: a gradient's arithmetic is `grad`'s and the
-            # update's is `apply`'s, whether its gradients were computed here or by learners
-            # elsewhere (the real PS calls `apply` on them).
+        def gradients(reads, x_all, y_all, learners, batches):
+            # The gradients of an update's rows (each at the version it read), each behind
+            # a barrier: XLA fuses neither across them nor into what takes them, so each is
+            # `grad`'s arithmetic, wherever it is computed. Losses [k], a tuple of k grads.
             outs = [jax.lax.optimization_barrier(
                 grad_one_raw(params_r, x_all, y_all, learners[k], batches[k]))
                 for k, params_r in enumerate(reads)]
-            st = apply(state, tuple(g for _, g in outs), staleness, learners, step,
+            return jnp.stack([loss for loss, _ in outs]), tuple(g for _, g in outs)
+
+        def fused(state, reads, x_all, y_all, learners, batches, staleness, step):
+            # An update of up to `fused_rows` gradients in one dispatch: its gradients, then
+            # the update program, whose arithmetic is `apply`'s whether its gradients were
+            # computed here or by learners elsewhere (the real PS calls `apply` on them).
+            losses, grads = gradients(reads, x_all, y_all, learners, batches)
+            st = apply(state, grads, staleness, learners, step,
                        reads if self.compensates else ())
-            return st, jnp.stack([loss for loss, _ in outs])
+            return st, losses
 
         def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
             # The c = 1 update, for the vmapped replayer (scalars, one version).
@@ -297,13 +312,8 @@ class Numerics:
 
         self.fused1_fn = fused1
         self._fused = _jit_donating_momentum(fused)
-        # The most gradients one fused program computes: its temporaries (about a gradient
-        # each) stay under FUSED_BYTES, and its compile time (XLA compiles each gradient
-        # anew: ~0.23 s for the remedies' MLP) under a few seconds.
-        grad_bytes = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in
-                         jax.tree_util.tree_leaves(jax.eval_shape(self.model.init,
-                                                                  jax.random.PRNGKey(0))))
-        self.fused_rows = max(1, min(FUSED_MAX_ROWS, FUSED_BYTES // max(grad_bytes, 1)))
+        self._gradients = jax.jit(gradients)
+        self.fused_rows = fused_rows(self.model)
 
     # ------------------------------------------------------------------ state
     def init_params(self):
@@ -352,21 +362,24 @@ class Numerics:
         """
         staleness = np.asarray([row[3] for row in rows], np.int32)
         learners = np.asarray([row[0] for row in rows], np.int32)
+        batches = np.asarray([row[1] for row in rows], np.int32)
+        reads = tuple(versions[r] for _, _, r, _ in rows)
+        step = np.int32(version)
         if len(rows) == 1 or (self.grouping == "none" and len(rows) <= self.fused_rows):
-            return self._fused(state, tuple(versions[r] for _, _, r, _ in rows), self.x_train,
-                               self.y_train, learners,
-                               np.asarray([row[1] for row in rows], np.int32), staleness,
-                               np.int32(version))
-        reads = self.reads(versions, rows)
+            return self._fused(state, reads, self.x_train, self.y_train, learners, batches,
+                               staleness, step)
+        compensated = reads if self.compensates else ()
         if self.grouping == "none":
-            outs = [self.grad(versions[r], self.x_train, self.y_train,
-                                   np.int32(l), np.int32(b)) for l, b, r, _ in rows]
-            state = self.apply(state, tuple(o[1] for o in outs), staleness, learners,
-                               np.int32(version), reads)
-            return state, jnp.stack([o[0] for o in outs])
+            # Above the bound: the gradients by chunks of fused_rows, then the update.
+            k = self.fused_rows
+            parts = [self._gradients(reads[i:i + k], self.x_train, self.y_train,
+                                     learners[i:i + k], batches[i:i + k])
+                     for i in range(0, len(rows), k)]
+            state = self.apply(state, tuple(g for _, gs in parts for g in gs), staleness,
+                               learners, step, compensated)
+            return state, jnp.concatenate([losses for losses, _ in parts])
         losses, grads = self._grouped_gradients(versions, rows)
-        state = self._apply_stacked(state, grads, staleness, learners, np.int32(version),
-                                    reads)
+        state = self._apply_stacked(state, grads, staleness, learners, step, compensated)
         return state, losses
 
     # ------------------------------------------------------------------ batched gradients
