@@ -7,7 +7,8 @@
    same number of samples. Target: <= 1.2 (the mu = 4 calls alone cost ~0.78 of batch 128
    per sample on 2 CPU cores; the rest is the simulator's own overhead).
 3. Grouping of gradients that share a read version (hardsync, lambda = 30, mu = 4): one
-   vmapped call per version vs separate calls.
+   vmapped call per version vs each gradient by itself (``grouping="none"``: in programs of
+   ``Numerics.fused_rows`` gradients).
 4. An epoch of the studies' MLP under 4-softsync (c = 7 gradients an update) vs 30-softsync
    (c = 1): the cost of summing an update's slots. Target: <= 1.2.
 5. The same 30-softsync epoch with P2's shifted momentum (30 per-learner buffers) vs
@@ -17,8 +18,11 @@
    gradients from the version it read. Target: <= 1.5 (one more pass over the parameters
    per gradient at most doubles an update's cost, about half the epoch's).
 7. The same 4-softsync epoch (heavy-ball) with each update's gradients and the update in one
-   compiled call (``Numerics.fused_rows``) vs its 7 gradient calls and the update program:
-   the same bits, fewer dispatches. Target: <= 0.8.
+   compiled call (``Numerics.fused_rows``) vs its 7 gradients called one by one and the
+   update program: the same bits, fewer dispatches. Target: <= 0.8.
+8. An MLP hardsync epoch (c = 30 gradients an update, above the MLP's fused_rows of 10):
+   gradients in programs of 10 vs one by one, and one program of all 30 vs programs of 10
+   (the bound: above 32 MiB of temporaries a program's buffer is faulted in at every call).
 Reports peak memory (max RSS) too.
 
     python benchmarks/bench_online.py [--grads 16] [--epoch-samples 1280]
@@ -41,6 +45,7 @@ from _util import interleaved, peak_rss_mib, plain_sgd_loop  # noqa: E402
 
 from asyncsim.api import run  # noqa: E402
 from asyncsim.drivers.build import numerics_for  # noqa: E402
+from asyncsim.numerics.core import param_hash  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 
 
@@ -72,6 +77,21 @@ def ratio_row(report, t, num, den, what, row, target):
     print(f"{what}: {min(t[num]):.3f} s / {min(t[den]):.3f} s -> ratio {r:.3f} "
           f"(target {target})")
     report.row(row, r, target=target, repeats=ratios(t[num], t[den]))
+
+
+def rows_timed(scn, bounds, repeat):
+    """Wall times of ``scn``'s run with each ``bounds`` value as its Numerics' fused_rows
+    (None: its own), side by side, ``repeat`` rounds; their final parameters checked equal
+    (the bound chooses among bit-identical paths)."""
+    num = numerics_for(scn)
+    runs = {}
+    for name, bound in bounds.items():
+        n = copy.copy(num)
+        n.fused_rows = num.fused_rows if bound is None else bound
+        runs[name] = compiled_run(scn, n)
+    hashes = {param_hash(r()) for r in runs.values()}
+    assert len(hashes) == 1, f"fused_rows changed the numbers: {hashes}"
+    return interleaved(runs, repeat)
 
 
 def online_vs_plain(scn, repeat):
@@ -127,7 +147,7 @@ def main() -> None:
                      for g in ("none", "version")}, a.repeat)
     for grouping, ts in t.items():
         print(f"3. hardsync lambda=30 mu=4, 4 updates, grouping={grouping}: {min(ts):.3f} s")
-    report.row("hardsync, lambda = 30, mu = 4: gradients grouped by version / one call each",
+    report.row("hardsync, lambda = 30, mu = 4: gradients grouped by version / each by itself",
                min(t["version"]) / min(t["none"]), repeats=ratios(t["version"], t["none"]),
                note="above 1: grouping is slower on this backend (the default on CPU: none)")
     # n-softsync with c = 7 gradients an update against c = 1, over the same gradients, on
@@ -160,19 +180,26 @@ def main() -> None:
         ratio_row(report, t, k, "none", f"6. the MLP's 4-softsync epoch, {k} / none",
                   f"an MLP [128] 4-softsync epoch, {k} compensation / none (heavy-ball), "
                   f"lambda = 30, mu = 4, {m} samples", "<= 1.5")
-    # The same epoch with each update in one compiled call against the gradients and the
-    # update called one by one (fused_rows = 1: what an update above the bound does).
+    # The same epoch with each update in one compiled call against its gradients called one
+    # by one, then the update program (fused_rows = 1): the same bits, fewer dispatches.
     scn = scenario(30, 4, m, soft4, gradients=m // 4, model="mlp", momentum="heavy-ball")
-    fused = numerics_for(scn)
-    split = copy.copy(fused)
-    split.fused_rows = 1
-    t = interleaved({"one": compiled_run(scn, fused), "split": compiled_run(scn, split)},
-                    a.repeat)
+    t = rows_timed(scn, {"one": None, "split": 1}, a.repeat)
     ratio_row(report, t, "one", "split",
-              "7. the MLP's 4-softsync epoch, one call an update / c + 1 calls",
+              "7. the MLP's 4-softsync epoch, one call an update / gradients one by one",
               f"an MLP [128] 4-softsync epoch (heavy-ball), each update in one compiled call "
-              f"/ its 7 gradient calls and the update program, lambda = 30, mu = 4, {m} "
-              "samples", "<= 0.8")
+              f"/ its 7 gradients called one by one, then the update program, lambda = 30, "
+              f"mu = 4, {m} samples", "<= 0.8")
+    # Hardsync's 30 gradients an update, above the MLP's bound of 10: in programs of 10
+    # (the default), one by one, and all 30 in one program.
+    scn = scenario(30, 4, m, {"kind": "hardsync"}, gradients=m // 4, model="mlp",
+                   momentum="heavy-ball")
+    t = rows_timed(scn, {10: None, 1: 1, 30: 30}, a.repeat)
+    ratio_row(report, t, 10, 1, "8. the MLP's hardsync epoch, programs of 10 / one by one",
+              f"an MLP [128] hardsync epoch (c = 30), gradients in programs of 10 / one by "
+              f"one, lambda = 30, mu = 4, {m} samples", "<= 0.9")
+    ratio_row(report, t, 30, 10, "8. the same epoch, one program of 30 / programs of 10",
+              "the same epoch, all 30 gradients in one program / in programs of 10 (above "
+              "1: the bound is right)", "> 1")
     print(f"peak memory (max RSS): {peak_rss_mib():.0f} MiB")
     report.save()
 

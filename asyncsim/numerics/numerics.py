@@ -12,18 +12,20 @@ A gradient's inputs are fixed at pull time (the version read and the mini-batch
 that takes them is applied; the simulated timeline never depends on that choice.
 
 Grouping (README, "Performance"): gradients of one update that read the same
-version can be computed by one vmapped call (``grouping="version"``) or one by one
-(``grouping="none"``). On JAX's CPU backend separate calls measured faster for small
-per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on GPU/TPU;
-``benchmarks/bench_online.py`` measures both. One by one, an update of up to
+version can be computed by one vmapped call (``grouping="version"``) or each by itself
+(``grouping="none"``). On JAX's CPU backend computing each by itself measured faster for
+small per-learner batches, so ``"auto"`` picks ``"none"`` on CPU and ``"version"`` on
+GPU/TPU; ``benchmarks/bench_online.py`` measures both. Under ``"none"`` an update of up to
 :attr:`Numerics.fused_rows` gradients is one compiled call: each gradient as the gradient
 program computes it, then the update program (the remedies' MLP at c = 7: 1.4 ms an update
 against 2.6 ms in eight calls); a larger one computes its gradients by calls of
-``fused_rows``, then calls the update program.
+``fused_rows``, then calls the update program. Under either, a single-gradient update is
+one call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,6 +109,23 @@ class Programs:
 
         self.one = one  # (params, x_all, y_all, learner, batch) -> (loss, grads); unjitted
         self.grad_one = jax.jit(one)
+
+        def gradients(reads, x_all, y_all, learners, batches):
+            # The gradients of an update's rows (each at the version it read), each behind
+            # a barrier, which keeps XLA from fusing across them or into what takes them.
+            # That each is `grad_one`'s arithmetic, bit for bit, wherever it is computed is
+            # tested (tests/unit/test_engine.py), not promised by XLA: check it again on a
+            # new jaxlib. Losses [k], a tuple of k gradients.
+            outs = [jax.lax.optimization_barrier(
+                one(params_r, x_all, y_all, learners[k], batches[k]))
+                for k, params_r in enumerate(reads)]
+            return jnp.stack([loss for loss, _ in outs]), tuple(g for _, g in outs)
+
+        self.gradients_fn = gradients
+        self.gradients = jax.jit(gradients)
+        self.fused_rows = fused_rows(model)
+        # The update programs of each update core over these (Numerics.__init__).
+        self.updates: dict[Any, UpdatePrograms] = {}
         if model.dense_input is not None:
             # Pending gradients for the replayer's scan path (models.DenseInput): the same
             # gradient as `one`, its first kernel kept as dL/dz and expanded when applied.
@@ -139,8 +158,66 @@ class Programs:
         self.eval_batch = jax.jit(eval_batch)
 
 
+class UpdatePrograms:
+    """The jitted update programs of one update core over one :class:`Programs`: shared by
+    every :class:`Numerics` whose optimizer differs only in the core's hyperparameters (lr,
+    momentum beta, weight decay: traced, in ``CoreState.hyper``), so the points of a sweep
+    over them trace and compile them once.
+
+    * ``apply``: THE update program, ``(state, a tuple of the c gradients as grad_one
+      computes them, staleness [c], learners [c], step, reads)``. Every update of every
+      driver applies its gradients with it, alone or inside ``fused``, the real PS
+      included, so a real run replays bit for bit: compiling the apply as a separate
+      program from the one used online changed the last bits (3e-8 on cifar10-full).
+    * ``fused``: an update of up to ``fused_rows`` gradients in one dispatch,
+      ``(state, reads, x_all, y_all, learners, batches, staleness, step)``: its gradients
+      (``Programs.gradients_fn``), then ``apply``'s arithmetic, the same bits as the
+      gradients computed by learners elsewhere and applied by ``apply`` (tested).
+    * ``apply_stacked``: ``apply`` with the gradients stacked on a leading axis c, for the
+      grouped path (``grouping="version"``), whose gradients come from one vmapped call.
+
+    ``reads`` are the versions the rows read, one per row; ``apply`` and ``apply_stacked``
+    take them under delay compensation only, else ``()``.
+    """
+
+    def __init__(self, core_apply, programs: Programs, *, compensates: bool):
+        gradients = programs.gradients_fn
+
+        def apply_stacked(state, grads, staleness, learner_ids, step, reads=()):
+            return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
+                              step=step, read_params=_stack(reads))
+
+        def apply(state, grads_list, staleness, learner_ids, step, reads=()):
+            return core_apply(state, _stack(grads_list), staleness=staleness,
+                              learner_ids=learner_ids, step=step, read_params=_stack(reads))
+
+        def fused(state, reads, x_all, y_all, learners, batches, staleness, step):
+            losses, grads = gradients(reads, x_all, y_all, learners, batches)
+            st = apply(state, grads, staleness, learners, step, reads if compensates else ())
+            return st, losses
+
+        def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
+            # The c = 1 update with scalars, for the vmapped replayer.
+            return fused(state, (params_r,), x_all, y_all, learner[None], batch[None],
+                         staleness[None], step)
+
+        self.apply_fn, self.fused1_fn = apply, fused1
+        self.apply = _jit_donating_momentum(apply)
+        self.apply_stacked = _jit_donating_momentum(apply_stacked)
+        self.fused = _jit_donating_momentum(fused)
+
+
+def _hyper_free(optimizer: OptimizerConfig) -> str:
+    """``optimizer`` without the core's traced hyperparameters: the key of its update
+    programs (:class:`UpdatePrograms`)."""
+    return repr(dataclasses.replace(optimizer, lr=0.0, weight_decay=0.0,
+                                    momentum=dataclasses.replace(optimizer.momentum,
+                                                                 beta=0.0)))
+
+
 _SHARED: dict[Any, Programs] = {}
 _SHARED_MAX = 4
+_UPDATES_MAX = 64  # update cores' programs kept per Programs
 
 
 def _shared(model: ModelConfig, data: DataConfig, *, seed: int, base_dir: Path | None,
@@ -151,14 +228,21 @@ def _shared(model: ModelConfig, data: DataConfig, *, seed: int, base_dir: Path |
                                  for k in files) else None
     key = (model.name, repr(sorted(model.options.items())), data.name,
            repr(sorted(data.options.items())), seed, data.batch_size, where)
-    hit = _SHARED.pop(key, None)
+    return _recent(_SHARED, key, _SHARED_MAX, lambda: Programs(
+        build_model(model, source=source), build_dataset(data, base_dir, seed=seed,
+                                                         source=source),
+        seed=seed, batch_size=data.batch_size))
+
+
+def _recent(cache: dict, key, limit: int, make):
+    """``cache[key]``, made by ``make()`` if missing; the ``limit`` most recently used
+    entries are kept."""
+    hit = cache.pop(key, None)
     if hit is None:
-        hit = Programs(build_model(model, source=source),
-                       build_dataset(data, base_dir, seed=seed, source=source),
-                       seed=seed, batch_size=data.batch_size)
-    _SHARED[key] = hit  # most recently used last
-    while len(_SHARED) > _SHARED_MAX:
-        del _SHARED[next(iter(_SHARED))]
+        hit = make()
+    cache[key] = hit  # most recently used last
+    while len(cache) > limit:
+        del cache[next(iter(cache))]
     return hit
 
 
@@ -229,8 +313,9 @@ class Numerics:
             same bits.
 
     The drivers build it from a scenario with :func:`asyncsim.drivers.build.numerics_for`;
-    programs of the same (model, data, seed, batch size) are shared, so sweeps and tests
-    compile them once.
+    programs of the same (model, data, seed, batch size) are shared, and so are the update
+    programs of optimizers that differ only in lr, momentum beta and weight decay
+    (:class:`UpdatePrograms`), so sweeps and tests compile them once.
     """
 
     def __init__(self, model: ModelConfig, data: DataConfig, optimizer: OptimizerConfig, *,
@@ -261,59 +346,17 @@ class Numerics:
         self._grad_group = shared.grad_group
         self._eval_batch = shared.eval_batch
         self.programs = shared
-        core_apply = self.core.apply
         # Delay compensation reads the parameters each gradient was computed on: the
         # update programs then take them too (``reads``, one version per row).
         self.compensates = optimizer.compensation is not None
-
-        def apply_stacked(state, grads, staleness, learner_ids, step, reads=()):
-            return core_apply(state, grads, staleness=staleness, learner_ids=learner_ids,
-                              step=step, read_params=_stack(reads))
-
-        # (state, grads stacked on a leading axis c, staleness, learners, step): the grouped
-        # path (grouping="version"), whose gradients come stacked from one vmapped call.
-        self._apply_stacked = _jit_donating_momentum(apply_stacked)
-
-        def apply(state, grads_list, staleness, learner_ids, step, reads=()):
-            return core_apply(state, _stack(grads_list), staleness=staleness,
-                              learner_ids=learner_ids, step=step, read_params=_stack(reads))
-
-        # THE update program: (state, a tuple of the c gradients as `grad` computes them,
-        # staleness [c], learners [c], step). Every update of every driver applies its
-        # gradients with it (inside `fused1` for c = 1), the real PS included, so a real run
-        # replays bit for bit: compiling the apply as a separate program from the one used
-        # online changed the last bits (3e-8 on cifar10-full, measured).
-        self.apply_fn = apply
-        self.apply = _jit_donating_momentum(apply)
-        grad_one_raw = shared.one
-
-        def gradients(reads, x_all, y_all, learners, batches):
-            # The gradients of an update's rows (each at the version it read), each behind
-            # a barrier: XLA fuses neither across them nor into what takes them, so each is
-            # `grad`'s arithmetic, wherever it is computed. Losses [k], a tuple of k grads.
-            outs = [jax.lax.optimization_barrier(
-                grad_one_raw(params_r, x_all, y_all, learners[k], batches[k]))
-                for k, params_r in enumerate(reads)]
-            return jnp.stack([loss for loss, _ in outs]), tuple(g for _, g in outs)
-
-        def fused(state, reads, x_all, y_all, learners, batches, staleness, step):
-            # An update of up to `fused_rows` gradients in one dispatch: its gradients, then
-            # the update program, whose arithmetic is `apply`'s whether its gradients were
-            # computed here or by learners elsewhere (the real PS calls `apply` on them).
-            losses, grads = gradients(reads, x_all, y_all, learners, batches)
-            st = apply(state, grads, staleness, learners, step,
-                       reads if self.compensates else ())
-            return st, losses
-
-        def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
-            # The c = 1 update, for the vmapped replayer (scalars, one version).
-            return fused(state, (params_r,), x_all, y_all, learner[None], batch[None],
-                         staleness[None], step)
-
-        self.fused1_fn = fused1
-        self._fused = _jit_donating_momentum(fused)
-        self._gradients = jax.jit(gradients)
-        self.fused_rows = fused_rows(self.model)
+        key = (_hyper_free(optimizer), num_learners, self.upe, nominal_staleness)
+        updates = _recent(shared.updates, key, _UPDATES_MAX, lambda: UpdatePrograms(
+            self.core.apply, shared, compensates=self.compensates))
+        self.apply_fn, self.apply = updates.apply_fn, updates.apply
+        self.fused1_fn = updates.fused1_fn
+        self._fused, self._apply_stacked = updates.fused, updates.apply_stacked
+        self._gradients = shared.gradients
+        self.fused_rows = shared.fused_rows
 
     # ------------------------------------------------------------------ state
     def init_params(self):

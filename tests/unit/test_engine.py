@@ -303,41 +303,70 @@ def test_the_update_program_takes_over_the_momentum_and_computes_the_same(moment
     assert param_hash(state.params) == run(scn, numerics=num).summary["param_hash"]
 
 
-@pytest.mark.parametrize("optimizer", [
-    {"lr": 0.03, "momentum": {"kind": "shifted", "beta": 0.8}},
-    {"lr": 0.03, "momentum": {"kind": "heavy-ball", "beta": 0.9},
-     "compensation": {"kind": "gap-aware"}},
-    {"lr": 0.01, "transform": {"name": "adam"}, "lr_rule": "inverse-staleness",
-     "compensation": {"kind": "dc-asgd-a"}},
-], ids=["shifted", "heavy-ball-gap-aware", "adam-dc-asgd-a"])
-def test_an_update_in_one_program_is_its_gradient_calls_and_update_program(optimizer,
+@pytest.mark.parametrize("optimizer, hidden", [
+    ({"lr": 0.03, "momentum": {"kind": "shifted", "beta": 0.8}}, 16),
+    ({"lr": 0.03, "momentum": {"kind": "heavy-ball", "beta": 0.9},
+      "compensation": {"kind": "gap-aware"}}, 16),
+    ({"lr": 0.01, "transform": {"name": "adam"}, "lr_rule": "inverse-staleness",
+      "compensation": {"kind": "dc-asgd-a"}}, 16),
+    # the studies' MLP, whose 3072 x 128 layer XLA could have fused differently
+    ({"lr": 0.01, "momentum": {"kind": "heavy-ball", "beta": 0.9}}, 128),
+], ids=["shifted", "heavy-ball-gap-aware", "adam-dc-asgd-a", "mlp128-heavy-ball"])
+def test_an_update_in_one_program_is_its_gradient_calls_and_update_program(optimizer, hidden,
                                                                              num_cache, tiny):
-    """An update of c gradients runs as one program while c <= ``fused_rows``, else as c
-    gradient calls and the update program; both give, bit for bit, what the real PS
-    computes: each gradient from ``grad`` at the version it read, applied by
-    ``apply_given``."""
-    scn = tiny(optimizer=optimizer, cluster={"learners": 5},
+    """An update of c gradients runs as one program while c <= ``fused_rows``, else as
+    programs of ``fused_rows`` gradients and the update program; both give, bit for bit,
+    what the real PS computes: each gradient from ``grad`` at the version it read, applied
+    by ``apply_given``, and the gradients' batch losses."""
+    scn = tiny(optimizer=optimizer, cluster={"learners": 5}, model={"hidden": [hidden]},
                protocol={"kind": "softsync", "n": 1}, run={"updates": 10})
     num = num_cache(scn)
-    split = copy.copy(num)
-    split.fused_rows = 2  # the same programs, c = 5 above the bound: the separate calls
+    chunked = copy.copy(num)
+    chunked.fused_rows = 2  # the same programs, c = 5 above the bound: chunks of 2, 2, 1
     trace = run(scn, numerics=num).trace
     assert num.fused_rows >= 5 and {len(rows) for _, rows, _ in trace.iter_updates()} == {5}
-    states = {k: n.init_state() for k, n in (("fused", num), ("split", split), ("ps", num))}
+    states = {k: num.init_state() for k in ("fused", "chunked", "ps")}
     versions = {k: {0: s.params} for k, s in states.items()}
     for v, rows, _ in trace.iter_updates():
-        for k, n in (("fused", num), ("split", split)):
-            states[k], _ = n.update(states[k], versions[k], v, rows)
         read = versions["ps"]
-        grads = [num.grad(read[r], num.x_train, num.y_train, np.int32(l), np.int32(b))[1]
-                 for l, b, r, _ in rows]
-        states["ps"] = num.apply_given(states["ps"], v, rows, grads, read)
+        outs = [num.grad(read[r], num.x_train, num.y_train, np.int32(l), np.int32(b))
+                for l, b, r, _ in rows]
+        for k, n in (("fused", num), ("chunked", chunked)):
+            old = states[k]
+            states[k], losses = n.update(old, versions[k], v, rows)
+            assert np.asarray(losses).tobytes() == np.stack([o[0] for o in outs]).tobytes()
+            # The momentum given up, the parameters (which reads may hold) kept.
+            assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(old.momentum))
+            assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(old.params))
+        states["ps"] = num.apply_given(states["ps"], v, rows, [o[1] for o in outs], read)
         for k, s in states.items():
             versions[k][v + 1] = s.params
-        assert param_hash(states["fused"]) == param_hash(states["split"]) == param_hash(
+        assert param_hash(states["fused"]) == param_hash(states["chunked"]) == param_hash(
             states["ps"])
     assert trace.grads["staleness"].max() > 0  # versions read apart, compensated
     assert param_hash(states["fused"].params) == run(scn, numerics=num).summary["param_hash"]
+
+
+def test_update_programs_are_shared_across_hyperparameters_and_give_their_own_numbers(tiny):
+    """Numerics whose optimizers differ only in lr, momentum beta and weight decay share one
+    set of update programs (the hyperparameters are traced); each run ends where it ends
+    with programs of its own. Another momentum kind gets other programs."""
+    softsync = {"protocol": {"kind": "softsync", "n": 1}, "run": {"updates": 8}}
+    first = tiny(optimizer={"lr": 0.03, "momentum": {"kind": "heavy-ball", "beta": 0.9}},
+                 **softsync)
+    other = tiny(optimizer={"lr": 0.01, "momentum": {"kind": "heavy-ball", "beta": 0.5},
+                            "weight_decay": 1e-3}, **softsync)
+    a, b = numerics_for(first), numerics_for(other)
+    assert b._fused is a._fused and b.apply is a.apply
+    run(first, numerics=a)  # the shared programs compiled by the first
+    shared = run(other, numerics=b).summary["param_hash"]
+    b.programs.updates.clear()
+    alone = numerics_for(other)
+    assert alone._fused is not a._fused
+    assert run(other, numerics=alone).summary["param_hash"] == shared
+    nesterov = numerics_for(tiny(optimizer={"lr": 0.03, "momentum": {"kind": "nesterov"}},
+                                 **softsync))
+    assert nesterov._fused is not alone._fused
 
 
 def test_replay_memory_bound_is_checked_before_allocating(num_cache, tiny):
