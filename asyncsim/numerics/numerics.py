@@ -52,12 +52,12 @@ INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct
 
 Row = tuple[int, int, int, int]  # (learner, batch, read_version, staleness)
 
-# An update of c gradients runs as one program (gradients and update) while c gradients
-# take at most FUSED_BYTES and c <= FUSED_MAX_ROWS (fused_rows), else as programs of
-# fused_rows gradients each and the update program (the same bits either way). Above 32 MiB
-# of temporaries glibc returns a program's buffer to the system after every call (its
-# largest mmap threshold) and the pages are faulted in again: the remedies' MLP at c = 30
-# took 23 ms an update in one program against 12 ms in 31 calls.
+# An update of c gradients runs as one program (gradients and update) while its c rows'
+# temporaries take at most FUSED_BYTES and c <= FUSED_MAX_ROWS (fused_rows), else as
+# programs of fused_rows gradients each and the update program (the same bits either way).
+# Above 32 MiB of temporaries glibc returns a program's buffer to the system after every
+# call (its largest mmap threshold) and the pages are faulted in again: the remedies' MLP
+# at c = 30 took 23 ms an update in one program against 12 ms in 31 calls.
 FUSED_BYTES = 16 << 20
 FUSED_MAX_ROWS = 16
 
@@ -74,14 +74,25 @@ def _init_key(seed):
     return jax.random.fold_in(jax.random.PRNGKey(seed), INIT_TAG)
 
 
-def fused_rows(model: Model) -> int:
-    """The most gradients of ``model`` an update computes in its one compiled call: their
-    temporaries (about a gradient each) within :data:`FUSED_BYTES`, and at most
-    :data:`FUSED_MAX_ROWS`, since XLA compiles each gradient of the unrolled program anew
-    (~0.23 s each for the remedies' MLP)."""
-    shapes = jax.tree_util.tree_leaves(jax.eval_shape(model.init, jax.random.PRNGKey(0)))
-    grad_bytes = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in shapes)
-    return max(1, min(FUSED_MAX_ROWS, FUSED_BYTES // max(grad_bytes, 1)))
+def fused_rows(programs: Programs) -> int:
+    """The most gradients an update computes in its one compiled call: their temporaries
+    within :data:`FUSED_BYTES`, and at most :data:`FUSED_MAX_ROWS`, since XLA compiles each
+    gradient of the unrolled program anew (~0.23 s each for the remedies' MLP).
+
+    A row's share is what XLA's memory analysis gives the one-row gradients program, its
+    temporaries and its gradient (the rows of one program do not share their temporaries:
+    P1's network at mu = 4 took 4.2, 8.0 and 15.5 MiB for 1, 2 and 4 rows, at mu = 128
+    136 MiB a row); without an analysis, the gradient's bytes."""
+    params = jax.eval_shape(programs.model.init, jax.random.PRNGKey(0))
+    one = np.zeros(1, np.int32)
+    analysis = programs.gradients.lower((params,), programs.x_train, programs.y_train, one,
+                                        one).compile().memory_analysis()
+    if analysis is not None:
+        per_row = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
+    else:
+        per_row = sum(int(np.prod(s.shape)) * s.dtype.itemsize
+                      for s in jax.tree_util.tree_leaves(params))
+    return max(1, min(FUSED_MAX_ROWS, FUSED_BYTES // max(per_row, 1)))
 
 
 def _to_device(a: np.ndarray) -> jax.Array:
@@ -123,7 +134,6 @@ class Programs:
 
         self.gradients_fn = gradients
         self.gradients = jax.jit(gradients)
-        self.fused_rows = fused_rows(model)
         # The update programs of each update core over these (Numerics.__init__).
         self.updates: dict[Any, UpdatePrograms] = {}
         if model.dense_input is not None:
@@ -156,6 +166,11 @@ class Programs:
 
         self.eval_batch_raw = eval_batch
         self.eval_batch = jax.jit(eval_batch)
+
+    @functools.cached_property
+    def fused_rows(self) -> int:
+        """:func:`fused_rows`: measured when an update first takes several gradients."""
+        return fused_rows(self)
 
 
 class UpdatePrograms:
@@ -356,7 +371,15 @@ class Numerics:
         self.fused1_fn = updates.fused1_fn
         self._fused, self._apply_stacked = updates.fused, updates.apply_stacked
         self._gradients = shared.gradients
-        self.fused_rows = shared.fused_rows
+        self._fused_rows: int | None = None
+
+    @property
+    def fused_rows(self) -> int:
+        return self.programs.fused_rows if self._fused_rows is None else self._fused_rows
+
+    @fused_rows.setter
+    def fused_rows(self, rows: int) -> None:
+        self._fused_rows = rows  # this Numerics' own bound (a benchmark's, a test's)
 
     # ------------------------------------------------------------------ state
     def init_params(self):
