@@ -188,6 +188,9 @@ class UpdatePrograms:
       ``(state, reads, x_all, y_all, learners, batches, staleness, step)``: its gradients
       (``Programs.gradients_fn``), then ``apply``'s arithmetic, the same bits as the
       gradients computed by learners elsewhere and applied by ``apply`` (tested).
+    * ``fused1``: ``fused`` for one gradient, with scalars ``(state, params_r, x_all,
+      y_all, learner, batch, staleness, step)``: the single-gradient update of every
+      grouping.
     * ``apply_stacked``: ``apply`` with the gradients stacked on a leading axis c, for the
       grouped path (``grouping="version"``), whose gradients come from one vmapped call.
 
@@ -212,12 +215,14 @@ class UpdatePrograms:
             return st, losses
 
         def fused1(state, params_r, x_all, y_all, learner, batch, staleness, step):
-            # The c = 1 update with scalars, for the vmapped replayer.
+            # The c = 1 update with scalars (the common case: fewer host arrays to make and
+            # send than fused's), also for the vmapped replayer.
             return fused(state, (params_r,), x_all, y_all, learner[None], batch[None],
                          staleness[None], step)
 
         self.apply_fn, self.fused1_fn = apply, fused1
         self.apply = _jit_donating_momentum(apply)
+        self.fused1 = _jit_donating_momentum(fused1)
         self.apply_stacked = _jit_donating_momentum(apply_stacked)
         self.fused = _jit_donating_momentum(fused)
 
@@ -369,7 +374,8 @@ class Numerics:
             self.core.apply, shared, compensates=self.compensates))
         self.apply_fn, self.apply = updates.apply_fn, updates.apply
         self.fused1_fn = updates.fused1_fn
-        self._fused, self._apply_stacked = updates.fused, updates.apply_stacked
+        self._fused, self._fused1 = updates.fused, updates.fused1
+        self._apply_stacked = updates.apply_stacked
         self._gradients = shared.gradients
         self._fused_rows: int | None = None
 
@@ -426,12 +432,16 @@ class Numerics:
         Every driver executes updates through this method, so the same rows give the same
         compiled calls and bit-identical results online, in replay and on Ray.
         """
+        step = np.int32(version)
+        if len(rows) == 1:
+            (l, b, r, tau), = rows
+            return self._fused1(state, versions[r], self.x_train, self.y_train, np.int32(l),
+                                np.int32(b), np.int32(tau), step)
         staleness = np.asarray([row[3] for row in rows], np.int32)
         learners = np.asarray([row[0] for row in rows], np.int32)
         batches = np.asarray([row[1] for row in rows], np.int32)
         reads = tuple(versions[r] for _, _, r, _ in rows)
-        step = np.int32(version)
-        if len(rows) == 1 or (self.grouping == "none" and len(rows) <= self.fused_rows):
+        if self.grouping == "none" and len(rows) <= self.fused_rows:
             return self._fused(state, reads, self.x_train, self.y_train, learners, batches,
                                staleness, step)
         compensated = reads if self.compensates else ()
