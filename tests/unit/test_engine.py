@@ -347,6 +347,19 @@ def test_an_update_in_one_program_is_its_gradient_calls_and_update_program(optim
     assert param_hash(states["fused"].params) == run(scn, numerics=num).summary["param_hash"]
 
 
+def test_an_update_fuses_only_as_many_rows_as_their_temporaries_allow(tiny):
+    """``fused_rows`` weighs a row by XLA's memory analysis of the one-row gradients
+    program: P1's network at mu = 128 holds ~136 MiB of temporaries a row, so none of its
+    updates is fused (by its gradient's 0.36 MiB alone it would fuse 16 rows: 2 GiB); the
+    studies' MLP [128] fuses 10 (1.6 MiB a row, within 16 MiB)."""
+    big = load_scenario({
+        "seed": 0, "model": {"name": "cifar10-full"},
+        "data": {"name": "synthetic-cifar", "batch_size": 128, "n_train": 256, "n_test": 64},
+        "cluster": {"learners": 4}, "protocol": {"kind": "hardsync"}, "run": {"updates": 2}})
+    assert numerics_for(big).fused_rows == 1
+    assert numerics_for(tiny(model={"hidden": [128]}, data={"batch_size": 4})).fused_rows == 10
+
+
 def test_update_programs_are_shared_across_hyperparameters_and_give_their_own_numbers(tiny):
     """Numerics whose optimizers differ only in lr, momentum beta and weight decay share one
     set of update programs (the hyperparameters are traced); each run ends where it ends
