@@ -444,7 +444,7 @@ class Numerics:
         if self.grouping == "none" and len(rows) <= self.fused_rows:
             return self._fused(state, reads, self.x_train, self.y_train, learners, batches,
                                staleness, step)
-        compensated = reads if self.compensates else ()
+        compensated = self.reads(versions, rows)
         if self.grouping == "none":
             # Above the bound: the gradients by chunks of fused_rows, then the update.
             k = self.fused_rows
