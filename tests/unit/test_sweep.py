@@ -214,3 +214,31 @@ def test_a_point_made_by_other_numerics_is_run_again(tmp_path):
     assert (again["numerics_revision"] == NUMERICS_REVISION).all()
     assert (folders[2] / "summary.json").stat().st_mtime_ns == stamps[2]
     pd.testing.assert_series_equal(again["param_hash"], index["param_hash"])
+
+
+@pytest.mark.parametrize("refresh,seen", [(0.0, "complete"), (3600.0, "missing")])
+def test_the_index_is_refreshed_between_points_at_most_so_often_and_when_a_point_fails(
+        tmp_path, monkeypatch, refresh, seen):
+    # While the second point runs, the index shows the first as complete only once the
+    # refresh interval has passed; a Ctrl-C in the second point still leaves an index of
+    # what finished.
+    import asyncsim.sweep as sweep
+
+    scn = load_scenario({**BASE, "sweep": {"optimizer.lr": [0.01, 0.03, 0.1]}})
+    index_csv = tmp_path / "sw" / "index.csv"
+    during = {}
+    run_point = sweep._run_point
+
+    def interrupted_second(item, folder, trace, *, progress):
+        if item["point"] == "p001":
+            during.update(pd.read_csv(index_csv).set_index("point")["status"])
+            raise KeyboardInterrupt
+        return run_point(item, folder, trace, progress=progress)
+
+    monkeypatch.setattr(sweep, "INDEX_REFRESH_SECONDS", refresh)
+    monkeypatch.setattr(sweep, "_run_point", interrupted_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(scn, tmp_path / "sw", vmap="never")
+    assert during["p000"] == seen
+    after = pd.read_csv(index_csv).set_index("point")["status"].to_dict()
+    assert after == {"p000": "complete", "p001": "missing", "p002": "missing"}
