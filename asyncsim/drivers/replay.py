@@ -47,11 +47,13 @@ class Alive:
     __slots__ = ("last_use", "v")
 
     def __init__(self, last_use: np.ndarray):
-        self.last_use = last_use
+        # Python ints: the driver asks about every held version after every update, and a
+        # list answers in less than half the time of numpy's scalar indexing (82 vs 196 ns).
+        self.last_use = last_use.tolist()
         self.v = -1
 
     def __contains__(self, r: int) -> bool:
-        return r < self.last_use.size and self.last_use[r] > self.v
+        return r < len(self.last_use) and self.last_use[r] > self.v
 
 
 def last_use(trace: Trace) -> np.ndarray:
