@@ -55,7 +55,7 @@ from asyncsim.trace import Trace
 INDEX = "index.csv"
 #: How often a local sweep rewrites its index while points run. Each write reads every
 #: complete point's summary (0.14 s at 620 points), so a write after every point grew with
-#: the square of the points: ~60 s of a 620-point sweep.
+#: the square of the points: about 40 s of the 620-point remedies study.
 INDEX_REFRESH_SECONDS = 30.0
 # The columns index.csv holds for a point besides its summary's: its swept keys come between
 # "point" and "folder" (asyncsim.results.SweepFolder.keys reads them so).
@@ -161,7 +161,9 @@ def _run_sweep(scn, out, force, progress, executor, share_traces, trace_only,
     def write_index() -> pd.DataFrame:
         return _write_index(out, items, by_group, share_traces, trace_only)
 
-    write_index()  # a sweep killed part-way still has an index of what finished
+    # A sweep killed part-way still has an index, at most INDEX_REFRESH_SECONDS behind what
+    # finished (a resumed sweep writes it anew).
+    write_index()
     try:
         if executor is None:
             # Locally, refresh the index now and then so figures can be drawn mid-sweep.
