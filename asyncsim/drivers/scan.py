@@ -31,7 +31,7 @@ from asyncsim.drivers.driver import Driver, Monitor, RunResult
 from asyncsim.drivers.folder_scenario import start_folder
 from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory
 from asyncsim.drivers.slots import pending_inputs, pending_plan, slot_plan, versions_inputs
-from asyncsim.numerics.models import num_params
+from asyncsim.numerics.models import num_params, tree_bytes
 from asyncsim.numerics.numerics import Numerics
 from asyncsim.trace import Trace
 
@@ -120,8 +120,7 @@ def scan_setup(num: Numerics, trace: Trace, c: int, store: str, max_memory: int,
     if has_parts:
         x0 = jax.ShapeDtypeStruct((), jnp.int32)
         out = jax.eval_shape(num.programs.parts_one, shapes, num.x_train, num.y_train, x0, x0)
-        slot_bytes = sum(int(np.prod(o.shape)) * o.dtype.itemsize
-                         for o in jax.tree_util.tree_leaves(out))
+        slot_bytes = tree_bytes(out)
     if store == "auto":
         # A pending gradient saves copying a version in and out per update (~2 x the first
         # kernel's bytes) for writing and reading its slot, plus a few fixed operations.

@@ -45,7 +45,7 @@ from asyncsim.numerics.data import (
     check_batch_size,
     dataset_factory,
 )
-from asyncsim.numerics.models import Model, expand_parts, grad_fn, grad_parts
+from asyncsim.numerics.models import Model, expand_parts, grad_fn, grad_parts, tree_bytes
 from asyncsim.numerics.parts import build_dataset, build_model
 
 INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct from batches
@@ -90,8 +90,7 @@ def fused_rows(programs: Programs) -> int:
     if analysis is not None:
         per_row = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
     else:
-        per_row = sum(int(np.prod(s.shape)) * s.dtype.itemsize
-                      for s in jax.tree_util.tree_leaves(params))
+        per_row = tree_bytes(params)
     return max(1, min(FUSED_MAX_ROWS, FUSED_BYTES // max(per_row, 1)))
 
 

@@ -18,6 +18,7 @@ from asyncsim.numerics.models import (
     num_params,
     quadratic_spectrum,
     register_model,
+    tree_bytes,
 )
 
 KEY = jax.random.PRNGKey(0)
@@ -43,6 +44,12 @@ def test_builtin_names():
     assert {"cifar10-full", "resnet20", "resnet44", "mlp", "quadratic", "linear"} <= set(
         available_models()
     )
+
+
+def test_tree_bytes_counts_each_leaf_at_its_dtype():
+    tree = {"w": jnp.zeros((3, 4), jnp.float32), "b": jnp.zeros(5, jnp.bfloat16),
+            "n": jax.ShapeDtypeStruct((2,), jnp.int32)}
+    assert tree_bytes(tree) == 3 * 4 * 4 + 5 * 2 + 2 * 4
 
 
 def test_cifar10_full_exact_param_count_and_logits():

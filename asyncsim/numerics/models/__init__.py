@@ -21,6 +21,7 @@ from asyncsim.numerics.models.base import (
     num_params,
     quadratic_spectrum,
     register_model,
+    tree_bytes,
 )
 from asyncsim.numerics.models.cifar import (
     cifar10_full,
@@ -35,5 +36,5 @@ __all__ = [
     "DenseInput", "Model", "alexnet", "available_models", "cifar10_full", "expand_parts",
     "get_model", "grad_fn", "grad_parts", "linear", "local_response_norm_within_channel",
     "mlp", "model_factory", "num_params", "quadratic", "quadratic_spectrum", "register_model",
-    "resnet20", "resnet44",
+    "resnet20", "resnet44", "tree_bytes",
 ]

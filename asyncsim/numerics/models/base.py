@@ -161,6 +161,11 @@ def num_params(params: PyTree) -> int:
     return int(sum(np.prod(np.shape(leaf)) for leaf in jax.tree_util.tree_leaves(params)))
 
 
+def tree_bytes(tree: PyTree) -> int:
+    """Bytes of a pytree's arrays (or their ``jax.ShapeDtypeStruct`` s), each at its dtype."""
+    return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+
+
 def grad_fn(model: Model) -> Callable[[PyTree, jax.Array, jax.Array], tuple[jax.Array, PyTree]]:
     """``(params, x, y) -> (loss, grads)``; jit-friendly but not jitted (callers jit)."""
     return jax.value_and_grad(model.loss)
