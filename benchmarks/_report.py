@@ -20,7 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 _PACKAGES = ("asyncsim", "jax", "jaxlib", "numpy", "simpy", "optax", "ray")
 
 
@@ -78,12 +79,21 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def _git() -> dict[str, Any]:
-    here = Path(__file__).resolve().parent
+# What the benchmarks write, relative to the repository's root (see _git).
+_OUTPUTS = ("benchmarks/results", "docs/performance.md")
+
+
+def _git(here: Path = HERE) -> dict[str, Any]:
+    """The revision of the repository holding ``here`` and whether its tracked files differ
+    from it, the benchmarks' outputs (:data:`_OUTPUTS`) aside."""
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
                              text=True, timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # The benchmarks' own outputs (their results and the page rendered from them) are
+        # not changes to the code measured: a second script run after a first still
+        # measures the same revision.
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no",
+                                     "--", *(f":(top,exclude){p}" for p in _OUTPUTS)],
                                     cwd=here, capture_output=True, text=True,
                                     timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
