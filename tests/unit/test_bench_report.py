@@ -38,7 +38,8 @@ def test_a_result_is_of_a_clean_revision_when_only_the_benchmarks_outputs_change
         (tmp_path / name).write_text(text)
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "add", ".")
-    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+         "commit", "-qm", "first")
     rev = _git(tmp_path, "rev-parse", "HEAD")
     here = tmp_path / "benchmarks"
     assert report._git(here) == {"revision": rev, "dirty": False}
