@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import subprocess
 import sys
@@ -33,6 +34,15 @@ TINY = {"name": "tiny", "seed": 7, "model": {"name": "mlp", "hidden": [16]},
         "data": {"name": "synthetic-cifar", "batch_size": 8, "n_train": 256, "n_test": 64},
         "cluster": {"learners": 3}, "protocol": {"kind": "async"},
         "optimizer": {"lr": 0.05}, "run": {"updates": 30, "eval_every": 10}}
+
+
+def load_file(path: Path, name: str):
+    """The Python file at ``path`` imported as module ``name`` (a benchmark script, the lint
+    script, the example plug-in), without putting its folder on ``sys.path``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class Killed(Exception):

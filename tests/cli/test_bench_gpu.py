@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+from conftest import load_file
 
 from asyncsim.scenario import load_scenario, point_scenarios
 
@@ -14,9 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bench_gpu_tiny_prints_every_row(capsys):
-    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "bench_gpu.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_file(REPO / "benchmarks" / "bench_gpu.py", "bench_gpu")
     rows = bench.main(["--tiny", "--repeat", "1"])
     out = capsys.readouterr().out
     for name in ("gradients/s, one by one", "gradients/s, grouped by version",

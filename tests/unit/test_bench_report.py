@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-
-
-def _report_module():
-    spec = importlib.util.spec_from_file_location("_report", REPO / "benchmarks" / "_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -29,7 +22,7 @@ def _git(cwd: Path, *args: str) -> str:
 def test_a_result_is_of_a_clean_revision_when_only_the_benchmarks_outputs_changed(tmp_path):
     """Scripts run one after another: the second must not call the revision dirty because
     the first rewrote its results file and the performance page; any other change is."""
-    report = _report_module()
+    report = load_file(REPO / "benchmarks" / "_report.py", "_report")
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
     (tmp_path / "docs").mkdir()
     files = {"benchmarks/results/bench_a.json": "{}\n", "docs/performance.md": "# P\n",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import math
 import random
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -618,10 +618,7 @@ def _plugin_example():
     """The example plug-in package's module (tests/plugin_pkg), loaded from its file: its
     protocol registered in Python here, not through its entry point."""
     path = Path(__file__).resolve().parents[1] / "plugin_pkg" / "asyncsim_plugin_example.py"
-    spec = importlib.util.spec_from_file_location("_asyncsim_plugin_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path, "_asyncsim_plugin_example")
 
 
 @settings(max_examples=25, deadline=None,

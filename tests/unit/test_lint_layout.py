@@ -2,13 +2,11 @@
 for a module of docs/design.md's map, and that a module missing from the map, or a map line
 naming no module, is an error."""
 
-import importlib.util
 from pathlib import Path
 
-spec = importlib.util.spec_from_file_location("lint_layout",
-                                              Path(__file__).parents[1] / "lint_layout.py")
-lint = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(lint)
+from conftest import load_file
+
+lint = load_file(Path(__file__).parents[1] / "lint_layout.py", "lint_layout")
 
 MAP = """# title
 
