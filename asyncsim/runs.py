@@ -32,6 +32,7 @@ import errno
 import fcntl
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -82,7 +83,7 @@ def require_run_folder(folder: str | os.PathLike, *, scenario: bool = True) -> P
         raise RunFolderError(f"{folder}: no such run folder")
     need = (("scenario.toml",) if scenario else ()) + TRACE_FILES
     missing = [f for f in need if not (folder / f).exists()]
-    if missing and (folder / "index.csv").exists():
+    if missing and is_sweep_folder(folder):
         points = sorted(p.name for p in folder.iterdir() if (p / TRACE_FILES[0]).exists())
         example = f" (e.g. {folder / points[0]})" if points else ""
         raise RunFolderError(f"{folder}: a sweep folder; use one of its points{example}")
@@ -161,7 +162,7 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
         raise RunFolderError(f"{folder}: no such run folder to resume")
     if is_complete(folder):
         return folder  # prepare() says there is nothing to resume
-    if (folder / "index.csv").exists():
+    if is_sweep_folder(folder):
         # A sweep checkpoints by point: running its scenario again skips the complete ones.
         raise RunFolderError(f"{folder}: a sweep folder; a sweep goes on when its scenario "
                              f"runs again into it (asyncsim run SCENARIO --out {folder}), "
@@ -215,6 +216,73 @@ def is_run_folder(folder: str | os.PathLike) -> bool:
     return all(p.name in START_FILES or p.name.endswith(".tmp") for p in folder.iterdir())
 
 
+# What a sweep writes in its folder (asyncsim.sweep): its index, a folder per point and per
+# shared trace, the measured edges, the figures drawn into it, the lock and temporary files.
+SWEEP_INDEX = "index.csv"
+_SWEEP_ENTRY = re.compile(r"p\d{3,}|trace_g\d{2,}|index\.csv|edges\.csv|figures|\.lock|\..*\.tmp")
+_SWEEP_RUNS = re.compile(r"p\d{3,}|trace_g\d{2,}")
+
+
+def is_sweep_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a sweep: its ``index.csv``, or nothing but what a sweep
+    writes with at least one point or shared trace (a sweep stopped while it simulated its
+    traces, before its first index)."""
+    folder = Path(folder)
+    if (folder / SWEEP_INDEX).exists():
+        return True
+    if not folder.is_dir():
+        return False
+    names = [p.name for p in folder.iterdir()]
+    return (all(_SWEEP_ENTRY.fullmatch(n) for n in names)
+            and any(_SWEEP_RUNS.fullmatch(n) for n in names))
+
+
+def sweep_name(folder: str | os.PathLike) -> str | None:
+    """The name of the scenario whose sweep ``folder`` holds, from its first point that
+    recorded its scenario (every point of a sweep carries the sweep's name); None when no
+    point has started."""
+    for point in sorted(Path(folder).glob("p[0-9][0-9][0-9]*")):
+        try:
+            return _io.read_toml(point / "scenario.toml").get("name")
+        except _io.DamagedFile:  # missing (not started) or cut short: the next one
+            continue
+    return None
+
+
+def prepare_sweep(folder: str | os.PathLike, name: str, *, force: bool = False) -> Path:
+    """Check, holding its lock, that the sweep of scenario ``name`` may write ``folder``:
+    a new or empty folder, or a sweep folder of that scenario, which the sweep goes on in
+    (its complete points are kept). With ``force`` a sweep folder is emptied first,
+    whatever scenario it holds. A run's folder or a folder of other files is refused with or
+    without ``force`` (one line): a sweep never writes its points beside another run's
+    files, and ``--force`` replaces a sweep with a sweep only."""
+    folder = Path(folder)
+    entries = ([p for p in folder.iterdir() if p.name != LOCK and not p.name.endswith(".tmp")]
+               if folder.is_dir() else [])
+    if not entries:
+        return folder
+    if not is_sweep_folder(folder):
+        if is_run_folder(folder):
+            raise RunFolderError(f"{folder}: holds a {KIND_LABELS.get(driver_of(folder))}, "
+                                 "not a sweep; --force replaces a sweep only: choose "
+                                 "another --out")
+        raise RunFolderError(f"{folder}: holds files that are not a sweep's (e.g. "
+                             f"{sorted(p.name for p in entries)[0]}); choose another --out")
+    if force:
+        busy = _busy_below(folder)
+        if busy is not None:
+            raise RunFolderError(f"{folder}: --force would remove {busy}, which another "
+                                 "asyncsim process is writing; wait for it to finish")
+        for p in entries:
+            _io.remove(p)
+        return folder
+    other = sweep_name(folder)
+    if other is not None and other != name:
+        raise RunFolderError(f"{folder}: holds the sweep of scenario {other!r}, not "
+                             f"{name!r}; choose another --out or pass --force to replace it")
+    return folder
+
+
 def run_folder_of(path: str | os.PathLike) -> Path | None:
     """The run or sweep folder that ``path`` (a file to write, once links are followed) lies
     in, or None."""
@@ -265,6 +333,9 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
     (:func:`opened` does both)."""
     folder = Path(folder)
     if folder.is_dir():
+        if is_sweep_folder(folder):
+            raise RunFolderError(f"{folder}: a sweep folder; a run writes a folder of its "
+                                 "own, and --force replaces a run only: choose another --out")
         if not is_run_folder(folder):
             others = sorted(p.name for p in folder.iterdir()
                             if p.name not in START_FILES and not p.name.endswith(".tmp"))

@@ -52,7 +52,7 @@ from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, s
 from asyncsim.timing.protocols import timing_revision
 from asyncsim.trace import Trace
 
-INDEX = "index.csv"
+INDEX = runs.SWEEP_INDEX
 #: How often a local sweep rewrites its index while points run. Each write reads every
 #: complete point's summary (0.14 s at 620 points), so a write after every point grew with
 #: the square of the points: about 40 s of the 620-point remedies study.
@@ -124,6 +124,7 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
     # One process runs a sweep folder at a time (a second one is refused in one line); the
     # points' own folders are locked by the drivers that write them.
     with runs.locked(out):
+        runs.prepare_sweep(out, scn.name, force=force)
         return _run_sweep(scn, out, force, progress, executor, share_traces, trace_only, vmap)
 
 

@@ -67,6 +67,64 @@ def test_force_removes_a_run_never_a_folder_that_is_not_one(tmp_path, capsys):
     assert (run / "summary.json").is_file()
 
 
+def _sweep_file(tmp_path: Path, name: str, seeds: list[int]) -> Path:
+    """A timing-only sweep of the tiny scenario over ``seeds`` (a point each)."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(dump_toml({**TINY, "name": name, "run": {"updates": 20},
+                               "sweep": {"seed": seeds}}))
+    return path
+
+
+def test_a_sweep_and_a_run_never_write_into_each_others_folder(tmp_path, capsys):
+    # A sweep aimed at a run's folder used to write its points and index beside the run's
+    # files, and a run aimed at a sweep's folder took it for an unfinished run, whose
+    # --force removed every point of the sweep.
+    run_scn = tmp_path / "s.toml"
+    run_scn.write_text(dump_toml(TINY))
+    sweep_scn = _sweep_file(tmp_path, "sw", [1, 2])
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    assert main(["trace", str(run_scn), "--out", str(run), "--quiet"]) == 0
+    assert main(["trace", str(sweep_scn), "--out", str(sweep), "--quiet"]) == 0
+    before = _digest(run), _digest(sweep)
+    for extra in ([], ["--force"]):
+        assert main(["trace", str(sweep_scn), "--out", str(run), "--quiet", *extra]) == 2
+        assert f"{run}: holds a timing-only trace, not a sweep" in _one_line(capsys)
+        assert main(["trace", str(run_scn), "--out", str(sweep), "--quiet", *extra]) == 2
+        assert f"{sweep}: a sweep folder; a run writes a folder of its own" in _one_line(capsys)
+    assert (_digest(run), _digest(sweep)) == before
+
+
+def test_a_sweep_goes_on_only_in_a_sweep_folder_of_its_own_scenario(tmp_path, capsys):
+    a, b = _sweep_file(tmp_path, "a", [1, 2, 3]), _sweep_file(tmp_path, "b", [4, 5])
+    out = tmp_path / "out"
+    assert main(["trace", str(a), "--out", str(out), "--quiet"]) == 0
+    before = _digest(out)
+    assert main(["trace", str(a), "--out", str(out), "--quiet"]) == 0  # goes on: all kept
+    assert _digest(out) == before
+    # Stopped before its first index (only point folders): still its sweep, and it goes on.
+    (out / "index.csv").unlink()
+    assert main(["trace", str(a), "--out", str(out), "--quiet"]) == 0
+    assert _digest(out) == before
+    # Another scenario's sweep is refused, and replaces it only with --force, whole: no
+    # point of the first is left beside the second's.
+    assert main(["trace", str(b), "--out", str(out), "--quiet"]) == 2
+    assert (f"{out}: holds the sweep of scenario 'a', not 'b'; choose another --out or pass "
+            "--force to replace it") in _one_line(capsys)
+    assert _digest(out) == before
+    assert main(["trace", str(b), "--out", str(out), "--quiet", "--force"]) == 0
+    points = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert points == ["p000", "p001"]
+    assert all(f'name = "b"' in (out / p / "scenario.toml").read_text() for p in points)
+    # A folder of other files is no sweep's, with or without --force.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("notes\n")
+    for extra in ([], ["--force"]):
+        assert main(["trace", str(a), "--out", str(home), "--quiet", *extra]) == 2
+        assert "holds files that are not a sweep's (e.g. notes.txt)" in _one_line(capsys)
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+
+
 def test_timeline_never_writes_into_another_run_folder(two_runs, tmp_path, capsys):
     a, b = two_runs
     before = _digest(b)
