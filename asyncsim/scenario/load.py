@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsim import _checks
-from asyncsim._io import MAX_BYTES, DamagedFile, dump_toml, read_toml, regular_file
+from asyncsim._io import MAX_BYTES, DamagedFile, _toml_value, read_toml, regular_file
 from asyncsim.config import (
     DataConfig,
     ModelConfig,
@@ -287,11 +287,12 @@ def attributed(e: ScenarioError, file: str | None,
 
 
 def _show(value: Any) -> str:
-    """A --set value as the user would write it (TOML), or its repr when TOML has none."""
+    """A --set value as the user would write it (TOML, a table inline, on one line), or its
+    repr when TOML has none."""
     if isinstance(value, str):
         return value
     try:
-        return dump_toml({"v": value}).split("=", 1)[1].strip()
+        return _toml_value(value)
     except TypeError:
         return repr(value)
 

@@ -131,6 +131,11 @@ def test_a_damaged_summary_stops_a_replay_before_it_writes(tmp_path, capsys, how
     (["protocol.n=12"], "--set protocol.n=12: protocol.n", "1..4"),
     # Switching a table's kind keeps the file's other keys: say how to replace the table.
     (["protocol.kind=async"], "protocol.n", "--set 'protocol={kind=\"async\"}'"),
+    # A table set whole is quoted inline, on the one line (it was written as a [v] table
+    # over three lines, its first key dropped).
+    (['cluster.compute={dist="lognormal", mean=1.0, cv=-1}'],
+     '--set cluster.compute={ dist = "lognormal", mean = 1.0, cv = -1 }: cluster.compute.cv',
+     "got -1"),
 ])
 def test_set_errors_name_the_set_and_say_how_to_replace_a_table(tmp_path, capsys, sets,
                                                                   attributed, words):
