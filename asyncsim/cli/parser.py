@@ -18,6 +18,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _count(text: str) -> int:
+    """A whole number ≥ 0, for an option that counts (argparse names the option)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return n
+
+
 def _add_scenario_args(p: argparse.ArgumentParser, *, profile: bool = True,
                        optional: bool = False) -> None:
     p.add_argument("scenario", nargs="?" if optional else None, help="a scenario TOML file")
@@ -97,7 +108,7 @@ def _add_real_verbs(sub) -> None:
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("--figure", metavar="PNG", help="draw both distributions")
-    p.add_argument("--rows", type=int, default=20, metavar="N",
+    p.add_argument("--rows", type=_count, default=20, metavar="N",
                    help="staleness rows of the table to print (default 20; 0: all)")
     p.set_defaults(func="real:cmd_compare")
 

@@ -522,6 +522,13 @@ def test_compare_cuts_its_table_and_a_closed_pipe_is_no_traceback(tmp_path, caps
     assert len(rows) == 20 and lines[-1].startswith("  ... ") and "(--rows 0 prints" in lines[-1]
     assert main(["compare", str(a), str(a), "--rows", "0"]) == 0
     assert not any(ln.startswith("  ... ") for ln in capsys.readouterr().out.splitlines())
+    # A count below 0 is refused, not taken for 0 (all rows).
+    for bad in ("-5", "x"):
+        with pytest.raises(SystemExit) as e:
+            main(["compare", str(a), str(a), "--rows", bad])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert f"argument --rows: must be a whole number >= 0, got '{bad}'" in err
     # A pipe whose reader has gone: every write fails (EPIPE).
     read, write_end = os.pipe()
     os.close(read)
