@@ -160,8 +160,10 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
         d = figure_runs(name, runs_dir, profile)
         if d is None:
             if names:
+                flag = "" if profile in (None, "default") else f" --profile {profile}"
                 raise ScenarioError("", f"no runs in {sweep_dir(name, runs_dir, profile)}; run "
-                                    f"`asyncsim run scenarios/{name}.toml` first", file=name)
+                                    f"`asyncsim run scenarios/{name}.toml{flag}` first",
+                                    file=name)
             continue
         target = out if out is not None else figure_out(d, profile)
         inside = Path(target).resolve().is_relative_to(d.resolve())

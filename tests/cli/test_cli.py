@@ -325,6 +325,12 @@ def test_trace_sweep_and_figure(tmp_path, capsys):
     assert (out / "figures" / "p1_f1_staleness.csv").exists()
     # Figures redraw from existing runs only.
     assert main(["figures", "p1_f1_staleness", "--runs", str(tmp_path / "nothing")]) == 2
+    assert "run `asyncsim run scenarios/p1_f1_staleness.toml` first" in capsys.readouterr().err
+    # Another profile's runs: the command that makes them names the profile.
+    assert main(["figures", "p1_f1_staleness", "--runs", str(tmp_path / "nothing"),
+                 "--profile", "paper"]) == 2
+    assert ("run `asyncsim run scenarios/p1_f1_staleness.toml --profile paper` first"
+            in capsys.readouterr().err)
     assert main(["figures", "p1_f1_stalenes"]) == 2  # a typo is not a missing run
     assert ("unknown figure 'p1_f1_stalenes'; figures: churn_staleness, p1_beyond, "
             "p1_f1_staleness") in (
