@@ -11,12 +11,11 @@ from asyncsim.errors import ScenarioError
 
 def parse_override(item: str) -> tuple[str, Any]:
     """``"protocol.n=4"`` -> ``("protocol.n", 4)``; the value is read as a TOML value, else text."""
-    if "=" not in item:
-        raise ScenarioError(item, "an override must look like KEY=VALUE, e.g. protocol.n=4")
-    key, raw = item.split("=", 1)
+    key, eq, raw = item.partition("=")
     key, raw = key.strip(), raw.strip()
-    if not key:
-        raise ScenarioError(item, "an override must look like KEY=VALUE, e.g. protocol.n=4")
+    if not eq or not key:
+        raise ScenarioError(item, "an override must look like KEY=VALUE, e.g. protocol.n=4",
+                            file="--set")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:

@@ -222,6 +222,8 @@ def load_scenario(
         raw = resolve_raw(raw, profile=profile, overrides=overrides, seed=seed)
         scn = _resolved_scenario(raw, bdir, validate)
     except ScenarioError as e:
+        if seed is not None and e.key == "seed":
+            e = e.with_file(f"--seed {seed}")  # the seed given applies after every --set
         raise attributed(e, file, overrides) from None
     for other in others:
         try:

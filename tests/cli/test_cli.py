@@ -295,10 +295,15 @@ def test_override_errors_name_the_key(tmp_path, capsys):
     assert main(["trace", str(path), "--set", "protocol.q=3"]) == 2
     assert ("protocol.q: unknown option for protocol 'softsync'; allowed: n"
             in capsys.readouterr().err)
+    # Named by the --set, not by the file (which holds no such line).
     assert main(["trace", str(path), "--set", "novalue"]) == 2
-    assert "KEY=VALUE" in capsys.readouterr().err
+    assert ("asyncsim: error: --set: novalue: an override must look like KEY=VALUE"
+            in capsys.readouterr().err)
     assert main(["trace", str(path), "--set", "=3"]) == 2
-    assert "=3: an override must look like KEY=VALUE" in capsys.readouterr().err
+    assert "--set: =3: an override must look like KEY=VALUE" in capsys.readouterr().err
+    assert main(["trace", str(path), "--seed", "-1"]) == 2
+    assert ("asyncsim: error: --seed -1: seed: must be an integer in 0..4294967295, got -1"
+            in capsys.readouterr().err)
     assert main(["trace", str(path), "--set", "sweep.seed=x"]) == 2
     assert "sweep.seed: must be a list, got 'x'" in capsys.readouterr().err
 

@@ -114,7 +114,7 @@ def test_a_sweep_goes_on_only_in_a_sweep_folder_of_its_own_scenario(tmp_path, ca
     assert main(["trace", str(b), "--out", str(out), "--quiet", "--force"]) == 0
     points = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert points == ["p000", "p001"]
-    assert all(f'name = "b"' in (out / p / "scenario.toml").read_text() for p in points)
+    assert all('name = "b"' in (out / p / "scenario.toml").read_text() for p in points)
     # A folder of other files is no sweep's, with or without --force.
     home = tmp_path / "home"
     home.mkdir()
