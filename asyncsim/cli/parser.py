@@ -120,7 +120,7 @@ def _add_replay_verb(sub) -> None:
     p.add_argument("--out", help="replay folder (default: RUN_DIR/replay)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="change numerics only (optimizer.*, model.*, data.*, seed, "
-                   "run.eval_every); the trace fixes the timing")
+                   "run.eval_every, run.eval_samples); the trace fixes the timing")
     p.add_argument("--force", action="store_true", help="overwrite an existing replay folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     p.add_argument("--path", choices=("loop", "scan", "batched", "auto"), default="loop",
