@@ -109,6 +109,10 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
               trace_only: bool = False, vmap: str = "auto") -> pd.DataFrame:
     """Run every point of ``scn``'s sweep that is not complete yet; write ``OUT/index.csv``.
 
+    ``out`` is new, empty or a sweep folder of ``scn``'s name, which the sweep goes on in;
+    anything else is refused in one line (:func:`asyncsim.runs.prepare_sweep`). ``force``
+    reruns every point, in a sweep folder emptied first (whatever sweep it held).
+
     Args:
         executor: runs a list of zero-argument jobs and returns their summaries in order
             (default: one after another here; ``asyncsim.drivers.real.ray_executor`` runs
