@@ -216,58 +216,95 @@ def is_run_folder(folder: str | os.PathLike) -> bool:
     return all(p.name in START_FILES or p.name.endswith(".tmp") for p in folder.iterdir())
 
 
-# What a sweep writes in its folder (asyncsim.sweep): its index, a folder per point and per
-# shared trace, the measured edges, the figures drawn into it, the lock and temporary files.
+# What a sweep writes in its folder (asyncsim.sweep): its index, a run folder per point and
+# per shared trace, the measured edges, the figures drawn into it, the lock and temporary
+# files. A folder holding anything else is not a sweep's, whatever it is named.
 SWEEP_INDEX = "index.csv"
-_SWEEP_ENTRY = re.compile(r"p\d{3,}|trace_g\d{2,}|index\.csv|edges\.csv|figures|\.lock|\..*\.tmp")
 _SWEEP_RUNS = re.compile(r"p\d{3,}|trace_g\d{2,}")
+_SWEEP_FILES = frozenset({"edges.csv", LOCK})
 
 
-def is_sweep_folder(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` holds a sweep: its ``index.csv``, or nothing but what a sweep
-    writes with at least one point or shared trace (a sweep stopped while it simulated its
-    traces, before its first index)."""
-    folder = Path(folder)
-    if (folder / SWEEP_INDEX).exists():
-        return True
+def is_sweep_folder(folder: str | os.PathLike, *, besides: str | None = None) -> bool:
+    """Whether ``folder`` holds a sweep: nothing but what a sweep writes there (its index,
+    whose first column is ``point``; run folders named as its points and shared traces;
+    ``edges.csv``; a ``figures`` folder; the lock and temporary files), and at least its
+    index or one point or shared trace (a sweep stopped while it simulated its traces
+    writes no index yet). ``besides``: an entry not to count (a folder being created in it)."""
+    odd, own = _sweep_entries(Path(folder), besides)
+    return own and not odd
+
+
+def _sweep_entries(folder: Path, besides: str | None = None) -> tuple[list[str], bool]:
+    """The names in ``folder`` that a sweep does not write there, sorted, and whether it
+    holds a sweep's index, point or shared trace."""
     if not folder.is_dir():
-        return False
-    names = [p.name for p in folder.iterdir()]
-    return (all(_SWEEP_ENTRY.fullmatch(n) for n in names)
-            and any(_SWEEP_RUNS.fullmatch(n) for n in names))
-
-
-def sweep_name(folder: str | os.PathLike) -> str | None:
-    """The name of the scenario whose sweep ``folder`` holds, from its first point that
-    recorded its scenario (every point of a sweep carries the sweep's name); None when no
-    point has started."""
-    for point in sorted(Path(folder).glob("p[0-9][0-9][0-9]*")):
-        try:
-            return _io.read_toml(point / "scenario.toml").get("name")
-        except _io.DamagedFile:  # missing (not started) or cut short: the next one
+        return [], False
+    odd, own = [], False
+    for p in folder.iterdir():
+        name = p.name
+        if name == besides or name in _SWEEP_FILES or (name.startswith(".")
+                                                        and name.endswith(".tmp")):
             continue
-    return None
+        if _SWEEP_RUNS.fullmatch(name):
+            ok = p.is_dir() and is_run_folder(p)
+        elif name == SWEEP_INDEX:
+            ok = _is_index(p)
+        else:
+            ok = name == "figures" and p.is_dir()
+        if ok:
+            own = own or name != "figures"
+        else:
+            odd.append(name)
+    return sorted(odd), own
+
+
+def _is_index(path: Path) -> bool:
+    """Whether ``path`` is a sweep's index: a CSV file whose first column is ``point``."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+            return path.is_file() and head in (b"point", b"point,", b"point\n", b"point\r")
+    except OSError:
+        return False
+
+
+def sweep_names(folder: str | os.PathLike) -> set[str | None]:
+    """The scenario names the points and shared traces of the sweep ``folder`` recorded
+    (each carries its sweep's name; None: one whose scenario has no name); a run folder that
+    has not written its scenario yet, or whose scenario is damaged, adds none."""
+    names: set[str | None] = set()
+    for run in Path(folder).iterdir():
+        if _SWEEP_RUNS.fullmatch(run.name):
+            try:
+                names.add(_io.read_toml(run / "scenario.toml").get("name"))
+            except _io.DamagedFile:  # missing (not started) or cut short
+                continue
+    return names
 
 
 def prepare_sweep(folder: str | os.PathLike, name: str, *, force: bool = False) -> Path:
     """Check, holding its lock, that the sweep of scenario ``name`` may write ``folder``:
-    a new or empty folder, or a sweep folder of that scenario, which the sweep goes on in
-    (its complete points are kept). With ``force`` a sweep folder is emptied first,
-    whatever scenario it holds. A run's folder or a folder of other files is refused with or
-    without ``force`` (one line): a sweep never writes its points beside another run's
-    files, and ``--force`` replaces a sweep with a sweep only."""
+    a new or empty folder, or a sweep folder (:func:`is_sweep_folder`) of that scenario's,
+    which the sweep goes on in (its complete points are kept). With ``force`` a sweep
+    folder is emptied first, whatever scenario's it is, as ``--force`` removes a run's files
+    before the run starts. A run's folder, or a folder holding anything a sweep does not
+    write, is refused with or without ``force`` (one line): ``--force`` replaces a sweep
+    with a sweep only."""
     folder = Path(folder)
     entries = ([p for p in folder.iterdir() if p.name != LOCK and not p.name.endswith(".tmp")]
                if folder.is_dir() else [])
     if not entries:
         return folder
-    if not is_sweep_folder(folder):
-        if is_run_folder(folder):
+    odd, own = _sweep_entries(folder)
+    if odd or not own:
+        if any((folder / m).exists() for m in _MARKS if m != SWEEP_INDEX) or all(
+                p.name in START_FILES for p in entries):
             raise RunFolderError(f"{folder}: holds a {KIND_LABELS.get(driver_of(folder))}, "
                                  "not a sweep; --force replaces a sweep only: choose "
                                  "another --out")
-        raise RunFolderError(f"{folder}: holds files that are not a sweep's (e.g. "
-                             f"{sorted(p.name for p in entries)[0]}); choose another --out")
+        raise RunFolderError(f"{folder}: holds what a sweep does not write (e.g. "
+                             f"{(odd or sorted(p.name for p in entries))[0]}); choose another "
+                             "--out")
     if force:
         busy = _busy_below(folder)
         if busy is not None:
@@ -276,10 +313,12 @@ def prepare_sweep(folder: str | os.PathLike, name: str, *, force: bool = False) 
         for p in entries:
             _io.remove(p)
         return folder
-    other = sweep_name(folder)
-    if other is not None and other != name:
-        raise RunFolderError(f"{folder}: holds the sweep of scenario {other!r}, not "
-                             f"{name!r}; choose another --out or pass --force to replace it")
+    others = sweep_names(folder) - {name}
+    if others:
+        which = ", ".join(sorted(repr(n) if n is not None else "one without a name"
+                                 for n in others))
+        raise RunFolderError(f"{folder}: holds runs of scenario {which}, not {name!r}; "
+                             "choose another --out or pass --force to replace the sweep")
     return folder
 
 
@@ -336,6 +375,13 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
         if is_sweep_folder(folder):
             raise RunFolderError(f"{folder}: a sweep folder; a run writes a folder of its "
                                  "own, and --force replaces a run only: choose another --out")
+        if (not _SWEEP_RUNS.fullmatch(folder.name)
+                and is_sweep_folder(folder.parent, besides=folder.name)):
+            if all(p.name == LOCK for p in folder.iterdir()):
+                discard_unstarted(folder)  # made for this run: nothing is left behind
+            raise RunFolderError(f"{folder}: inside the sweep folder {folder.parent}, where "
+                                 "only its points and shared traces are written: choose "
+                                 "another --out")
         if not is_run_folder(folder):
             others = sorted(p.name for p in folder.iterdir()
                             if p.name not in START_FILES and not p.name.endswith(".tmp"))

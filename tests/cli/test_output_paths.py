@@ -108,21 +108,60 @@ def test_a_sweep_goes_on_only_in_a_sweep_folder_of_its_own_scenario(tmp_path, ca
     # Another scenario's sweep is refused, and replaces it only with --force, whole: no
     # point of the first is left beside the second's.
     assert main(["trace", str(b), "--out", str(out), "--quiet"]) == 2
-    assert (f"{out}: holds the sweep of scenario 'a', not 'b'; choose another --out or pass "
-            "--force to replace it") in _one_line(capsys)
+    assert (f"{out}: holds runs of scenario 'a', not 'b'; choose another --out or pass "
+            "--force to replace the sweep") in _one_line(capsys)
     assert _digest(out) == before
     assert main(["trace", str(b), "--out", str(out), "--quiet", "--force"]) == 0
     points = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert points == ["p000", "p001"]
     assert all('name = "b"' in (out / p / "scenario.toml").read_text() for p in points)
-    # A folder of other files is no sweep's, with or without --force.
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "notes.txt").write_text("notes\n")
-    for extra in ([], ["--force"]):
-        assert main(["trace", str(a), "--out", str(home), "--quiet", *extra]) == 2
-        assert "holds files that are not a sweep's (e.g. notes.txt)" in _one_line(capsys)
-    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+    # Every point and shared trace says whose sweep it is, not the first point alone: one
+    # replaced by another scenario's run, or the shared trace of a sweep killed before its
+    # first point, makes the folder another's.
+    single = tmp_path / "c.toml"
+    single.write_text(dump_toml({**TINY, "name": "c", "run": {"updates": 20}}))
+    assert main(["trace", str(single), "--out", str(out / "p001"), "--quiet", "--force"]) == 0
+    assert main(["trace", str(b), "--out", str(out), "--quiet"]) == 2
+    assert "holds runs of scenario 'c', not 'b'" in _one_line(capsys)
+    killed = tmp_path / "killed"
+    assert main(["trace", str(single), "--out", str(killed / "trace_g00"), "--quiet"]) == 0
+    assert main(["trace", str(b), "--out", str(killed), "--quiet"]) == 2
+    assert "holds runs of scenario 'c', not 'b'" in _one_line(capsys)
+
+
+def test_a_sweep_never_writes_beside_what_it_did_not_write(tmp_path, capsys):
+    """Whatever its names: a folder holding anything but a sweep's own files (its index,
+    point and trace run folders, edges.csv, figures/) is not a sweep's, and neither a sweep
+    nor its --force touches it; a run does not write inside a sweep folder."""
+    a = _sweep_file(tmp_path, "a", [1, 2])
+    sweep = tmp_path / "sweep"
+    assert main(["trace", str(a), "--out", str(sweep), "--quiet"]) == 0
+    (sweep / "notes.txt").write_text("notes\n")
+    user = tmp_path / "user"  # a folder of the user's with an index.csv of its own
+    (user / "album").mkdir(parents=True)
+    (user / "index.csv").write_text("id,title\n1,x\n")
+    (user / "album" / "a.jpg").write_bytes(b"jpg")
+    looks = tmp_path / "looks"  # folders named like points, that are not run folders
+    (looks / "p100").mkdir(parents=True)
+    (looks / "p100" / "thesis.tex").write_text("tex\n")
+    (looks / "trace_g01").mkdir()
+    for folder, odd in ((sweep, "notes.txt"), (user, "album"), (looks, "p100")):
+        before = _digest(folder), sorted(p.name for p in folder.rglob("*"))
+        for extra in ([], ["--force"]):
+            assert main(["trace", str(a), "--out", str(folder), "--quiet", *extra]) == 2
+            assert f"{folder}: holds what a sweep does not write (e.g. {odd})" in (
+                _one_line(capsys))
+            assert (_digest(folder), sorted(p.name for p in folder.rglob("*"))) == before
+    # A run inside a sweep folder (as a run of the sweep's scenario without its [sweep]
+    # table would land by default, runs/NAME/seedN) is refused, and leaves no folder.
+    (sweep / "notes.txt").unlink()
+    single = tmp_path / "s.toml"
+    single.write_text(dump_toml(TINY))
+    assert main(["trace", str(single), "--out", str(sweep / "seed7"), "--quiet"]) == 2
+    assert (f"{sweep / 'seed7'}: inside the sweep folder {sweep}, where only its points and "
+            "shared traces are written") in _one_line(capsys)
+    assert not (sweep / "seed7").exists()
+    assert main(["trace", str(a), "--out", str(sweep), "--quiet"]) == 0
 
 
 def test_timeline_never_writes_into_another_run_folder(two_runs, tmp_path, capsys):
