@@ -302,9 +302,12 @@ def prepare_sweep(folder: str | os.PathLike, name: str, *, force: bool = False) 
             raise RunFolderError(f"{folder}: holds a {KIND_LABELS.get(driver_of(folder))}, "
                                  "not a sweep; --force replaces a sweep only: choose "
                                  "another --out")
-        raise RunFolderError(f"{folder}: holds what a sweep does not write (e.g. "
-                             f"{(odd or sorted(p.name for p in entries))[0]}); choose another "
-                             "--out")
+        if not odd:  # a figures/ folder or edges.csv, with no index, point or trace
+            raise RunFolderError(f"{folder}: holds no sweep, only "
+                                 f"{', '.join(sorted(p.name for p in entries))}; choose "
+                                 "another --out")
+        raise RunFolderError(f"{folder}: holds what a sweep does not write (e.g. {odd[0]}); "
+                             "choose another --out")
     if force:
         busy = _busy_below(folder)
         if busy is not None:

@@ -152,6 +152,15 @@ def test_a_sweep_never_writes_beside_what_it_did_not_write(tmp_path, capsys):
             assert f"{folder}: holds what a sweep does not write (e.g. {odd})" in (
                 _one_line(capsys))
             assert (_digest(folder), sorted(p.name for p in folder.rglob("*"))) == before
+    # A folder of figures alone holds no sweep to go on with or to replace.
+    drawn = tmp_path / "drawn"
+    (drawn / "figures").mkdir(parents=True)
+    (drawn / "figures" / "f.png").write_bytes(b"png")
+    for extra in ([], ["--force"]):
+        assert main(["trace", str(a), "--out", str(drawn), "--quiet", *extra]) == 2
+        assert f"{drawn}: holds no sweep, only figures; choose another --out" in (
+            _one_line(capsys))
+        assert (drawn / "figures" / "f.png").read_bytes() == b"png"
     # A run inside a sweep folder (as a run of the sweep's scenario without its [sweep]
     # table would land by default, runs/NAME/seedN) is refused, and leaves no folder.
     (sweep / "notes.txt").unlink()
