@@ -309,12 +309,7 @@ def prepare_sweep(folder: str | os.PathLike, name: str, *, force: bool = False) 
         raise RunFolderError(f"{folder}: holds what a sweep does not write (e.g. {odd[0]}); "
                              "choose another --out")
     if force:
-        busy = _busy_below(folder)
-        if busy is not None:
-            raise RunFolderError(f"{folder}: --force would remove {busy}, which another "
-                                 "asyncsim process is writing; wait for it to finish")
-        for p in entries:
-            _io.remove(p)
+        _remove_for_force(folder)
         return folder
     others = sweep_names(folder) - {name}
     if others:
@@ -408,15 +403,22 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
                                  f"{go_on}" + ("" if "--force" in go_on
                                                 else ", or pass --force to start over"))
         if force:
-            busy = _busy_below(folder)
-            if busy is not None:
-                raise RunFolderError(f"{folder}: --force would remove {busy}, which another "
-                                     "asyncsim process is writing; wait for it to finish")
-            for p in folder.iterdir():
-                if p.name != LOCK:
-                    _io.remove(p)
+            _remove_for_force(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def _remove_for_force(folder: Path) -> None:
+    """What ``--force`` does to a run or sweep folder it may replace: remove everything in
+    it but its lock (which this process holds), unless another process is writing a folder
+    inside it (a replay in RUN/replay, a sweep's point)."""
+    busy = _busy_below(folder)
+    if busy is not None:
+        raise RunFolderError(f"{folder}: --force would remove {busy}, which another "
+                             "asyncsim process is writing; wait for it to finish")
+    for p in folder.iterdir():
+        if p.name != LOCK:
+            _io.remove(p)
 
 
 # Folders this process holds the lock of: resolved path -> [file descriptor, remove the
