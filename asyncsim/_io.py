@@ -55,7 +55,8 @@ _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
 # its start, summary.json with its end, trace_meta.json with its trace) or a sweep folder
 # (index.csv). Not its lock: ".lock" is a common name, and a folder is marked as written by
 # this process while it holds the lock (:func:`writing`).
-RUN_MARKS = ("provenance.json", "summary.json", "trace_meta.json", "index.csv")
+SWEEP_INDEX = "index.csv"
+RUN_MARKS = ("provenance.json", "summary.json", "trace_meta.json", SWEEP_INDEX)
 
 # The run folders this process holds the lock of (asyncsim.runs.locked), as absolute paths
 # (links not resolved): a folder so new that it holds no mark yet is a run folder too.

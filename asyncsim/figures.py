@@ -115,7 +115,7 @@ def figure_runs(name: str, runs_dir: str | Path = "runs",
     d = sweep_dir(name, runs_dir, profile)
     if not d.is_dir():
         return None
-    if (d / "index.csv").exists() or (d / "summary.json").exists():
+    if (d / runs.SWEEP_INDEX).exists() or (d / "summary.json").exists():
         return d
     seeds = [p for p in d.glob("seed*") if p.name[4:].isdigit() and (p / "summary.json").exists()]
     return min(seeds, key=lambda p: int(p.name[4:])) if seeds else d
@@ -127,7 +127,28 @@ def figure_out(source: Path, profile: str | None) -> Path:
     the run folder itself (as ``asyncsim run --profile P`` draws it)."""
     if profile in (None, "default"):
         return Path("figures")
+    return _figures_in(source)
+
+
+def _figures_in(source: Path) -> Path:
+    """The one place inside the run folders at ``source`` that figures are drawn into: the
+    sweep folder's ``figures/``, or a single run's folder itself."""
     return source if (source / runs.SUMMARY).exists() else source / "figures"
+
+
+def _check_target(target: Path, source: Path) -> None:
+    """Figures drawn from ``source`` go into ``target``: refused in one line when that lies
+    in a run or sweep folder other than at :func:`_figures_in` ``source`` (a file drawn into a
+    sweep folder's root, or into another run, is one its run never wrote)."""
+    home = runs.run_folder_of(target / "figure.png")
+    own = _figures_in(source)
+    if home is not None and target.resolve() != own.resolve():
+        where = "" if target.resolve() == home else "inside "
+        kind = "sweep" if (home / runs.SWEEP_INDEX).exists() else "run"
+        raise ScenarioError("--out", f"{target} is {where}the {kind} folder {home}, whose "
+                            f"files only its {kind} writes (figures drawn from {source} go "
+                            f"there only into {own}); choose a folder elsewhere",
+                            file="asyncsim figures")
 
 
 def draw_figure(name: str, sweep: str | Path, out: str | Path = "figures") -> list[Path]:
@@ -156,6 +177,7 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
     drawable = drawable_figures()
     for name in names or []:
         check_figure(name, key="", file=name)
+    todo = []
     for name in names or drawable:
         d = figure_runs(name, runs_dir, profile)
         if d is None:
@@ -165,8 +187,11 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
                                     f"`asyncsim run scenarios/{name}.toml{flag}` first",
                                     file=name)
             continue
-        target = out if out is not None else figure_out(d, profile)
-        inside = Path(target).resolve().is_relative_to(d.resolve())
+        target = Path(out) if out is not None else figure_out(d, profile)
+        _check_target(target, d)  # every figure's, before any is drawn
+        todo.append((name, d, target))
+    for name, d, target in todo:
+        inside = target.resolve().is_relative_to(d.resolve())
         # Drawn into the runs' folder: as its one writer (a sweep may still be running).
         with runs.locked(d) if inside else contextlib.nullcontext():
             written += draw_figure(name, d, target)

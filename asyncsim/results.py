@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from asyncsim import _checks
 from asyncsim._io import (
     RUN_MARKS,
+    SWEEP_INDEX,
     DamagedFile,
     damaged,
     npz_member,
@@ -431,7 +432,7 @@ class SweepFolder:
 
     @cached_property
     def index(self) -> pd.DataFrame:
-        path = self.path / "index.csv"
+        path = self.path / SWEEP_INDEX
         df = checked_table(read_csv(path), {"point": "text", "folder": "text"}, path)
         for name in df["point"]:
             _plain_name(name, path, "point")
@@ -495,7 +496,7 @@ class SweepFolder:
     def sibling(self, name: Any, field: str) -> SweepFolder:
         """Another sweep beside this one, named by ``name`` (read from ``field`` of this
         sweep's scenario): one folder name, never a path out of the parent folder."""
-        return SweepFolder(self.path.parent / _plain_name(name, self.path / "index.csv", field))
+        return SweepFolder(self.path.parent / _plain_name(name, self.path / SWEEP_INDEX, field))
 
 
 def open_run(path: str | Path) -> RunFolder:
@@ -508,7 +509,7 @@ def open_run(path: str | Path) -> RunFolder:
         run.summary["final_test_error"], run.evals.plot(x="sim_time", y="test_error")
     """
     path = Path(path)
-    if os.path.lexists(path / "index.csv") or not any(
+    if os.path.lexists(path / SWEEP_INDEX) or not any(
             os.path.lexists(path / m) for m in _RUN_FILES):
         raise RunFolderError(_not_a_run(path))
     return RunFolder(path)
@@ -523,7 +524,7 @@ def open_sweep(path: str | Path) -> SweepFolder:
         sweep.table.groupby("protocol.n")["final_test_error"].mean()
     """
     path = Path(path)
-    if not (path / "index.csv").exists():
+    if not (path / SWEEP_INDEX).exists():
         raise RunFolderError(_not_a_run(path) if not (path / SUMMARY).exists() else
                              f"{path}: a run folder, not a sweep; use asyncsim.open_run")
     return SweepFolder(path)
@@ -532,14 +533,14 @@ def open_sweep(path: str | Path) -> SweepFolder:
 def _not_a_run(path: Path) -> str:
     if not path.exists():
         return f"{path}: no such folder"
-    if (path / "index.csv").exists():
+    if (path / SWEEP_INDEX).exists():
         return f"{path}: a sweep folder; use asyncsim.open_sweep (or one of its points)"
     return f"{path}: not a run folder (none of {', '.join(_RUN_FILES)})"
 
 
 # What marks a run folder (not a sweep's): a file only asyncsim writes, or the scenario that
 # a run killed before its first other file has already written.
-_RUN_FILES = (*(m for m in RUN_MARKS if m != "index.csv"), "scenario.toml")
+_RUN_FILES = (*(m for m in RUN_MARKS if m != SWEEP_INDEX), "scenario.toml")
 
 
 def run_folders(source: str | Path) -> list[RunFolder]:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsim import _io
-from asyncsim._io import dump_toml
+from asyncsim._io import SWEEP_INDEX, dump_toml
 from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
 from asyncsim.machine import BIT_FACTS, machine_facts
@@ -218,8 +218,8 @@ def is_run_folder(folder: str | os.PathLike) -> bool:
 
 # What a sweep writes in its folder (asyncsim.sweep): its index, a run folder per point and
 # per shared trace, the measured edges, the figures drawn into it, the lock and temporary
-# files. A folder holding anything else is not a sweep's, whatever it is named.
-SWEEP_INDEX = "index.csv"
+# files. A folder holding anything else is not a sweep's, whatever it is named. Its index is
+# _io.SWEEP_INDEX (also one of the marks of a folder asyncsim wrote).
 _SWEEP_RUNS = re.compile(r"p\d{3,}|trace_g\d{2,}")
 _SWEEP_FILES = frozenset({"edges.csv", LOCK})
 
@@ -373,6 +373,7 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
         if is_sweep_folder(folder):
             raise RunFolderError(f"{folder}: a sweep folder; a run writes a folder of its "
                                  "own, and --force replaces a run only: choose another --out")
+        _refuse_a_running_sweeps_point(folder)
         if (not _SWEEP_RUNS.fullmatch(folder.name)
                 and is_sweep_folder(folder.parent, besides=folder.name)):
             if all(p.name == LOCK for p in folder.iterdir()):
@@ -406,6 +407,42 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
             _remove_for_force(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+# The sweep folders whose points this process writes as jobs of their sweep, which another
+# process (the sweep's, when its jobs run as Ray tasks) may hold the lock of.
+_SWEEP_JOBS: set[Path] = set()
+
+
+@contextlib.contextmanager
+def sweep_job(sweep: str | os.PathLike) -> Iterator[None]:
+    """The block writes points of the sweep in ``sweep`` for that sweep (a job of
+    :func:`asyncsim.sweep.run_sweep`, here or in a Ray worker): :func:`prepare` lets it
+    write them while the sweep runs."""
+    key = Path(sweep).resolve()
+    mine = key not in _SWEEP_JOBS
+    _SWEEP_JOBS.add(key)
+    try:
+        yield
+    finally:
+        if mine:
+            _SWEEP_JOBS.discard(key)
+
+
+def _refuse_a_running_sweeps_point(folder: Path) -> None:
+    """A point or shared trace of a sweep that another process is running is that sweep's
+    to write: a run aimed at it (``--out SWEEP/p003 --force``) would replace a point the
+    sweep has listed, or be overwritten by the sweep when it gets there."""
+    sweep = folder.parent
+    key = sweep.resolve()
+    if (_SWEEP_RUNS.fullmatch(folder.name) and key not in _HELD and key not in _SWEEP_JOBS
+            and _held_elsewhere(sweep / LOCK)
+            and is_sweep_folder(sweep, besides=folder.name)):
+        if all(p.name == LOCK for p in folder.iterdir()):
+            discard_unstarted(folder)  # made for this run: nothing is left behind
+        raise RunFolderError(f"{folder}: a point of the sweep in {sweep}, which another "
+                             "asyncsim process is running; wait for it to finish or choose "
+                             "another --out")
 
 
 def _remove_for_force(folder: Path) -> None:
@@ -476,19 +513,25 @@ def _busy_below(folder: Path) -> Path | None:
     """A folder inside ``folder`` whose lock another process holds (a replay writing
     RUN/replay, a sweep point), which removing ``folder``'s content would pull away."""
     for lock in folder.rglob(LOCK):
-        if lock.parent == folder:
-            continue
-        try:
-            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if lock.parent != folder and _held_elsewhere(lock):
             return lock.parent
-        finally:
-            os.close(fd)  # releases the probe
     return None
+
+
+def _held_elsewhere(lock: Path) -> bool:
+    """Whether the lock file ``lock`` is held by another process (or by this one through a
+    file descriptor other than :data:`_HELD`'s: check that first)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe
+    return False
 
 
 def _acquire(path: Path) -> int:

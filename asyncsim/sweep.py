@@ -179,7 +179,8 @@ def _run_sweep(scn, out, force, progress, executor, share_traces, trace_only,
                     write_index()
                     written = time.monotonic()
         elif jobs:
-            executor([j for _, j in jobs])  # summaries are read back from the folders
+            # Summaries are read back from the folders.
+            executor([_sweep_job(out, j) for _, j in jobs])
     finally:
         index = write_index()  # what finished, also when a point failed or was interrupted
     complete = all(runs.is_complete(out / it["point"]) for it in items)
@@ -322,6 +323,16 @@ def _job(it, folder, trace, progress):
         return _run_point(it, folder, trace, progress=progress)
     job.scenarios = [it["scenario"]]
     return job
+
+
+def _sweep_job(out: Path, job):
+    """``job`` run as a job of the sweep in ``out`` (in another process, whose points
+    :func:`asyncsim.runs.prepare` would otherwise refuse while this sweep holds the lock)."""
+    def sweep_job():
+        with runs.sweep_job(out):
+            return job()
+    sweep_job.scenarios = job.scenarios
+    return sweep_job
 
 
 def _trace_job(it, folder):

@@ -280,7 +280,7 @@ def cmd_show(args) -> int:
     from asyncsim.results import open_run, open_sweep
 
     path = Path(args.path)
-    if (path / "index.csv").exists():
+    if (path / runs.SWEEP_INDEX).exists():
         sweep = open_sweep(path)
         states = [_point_state(path / name) for name in sweep.index["point"]]
         done = states.count("complete")
@@ -398,7 +398,7 @@ def _sweep(args, scn, *, trace_only: bool) -> int:
         shown = [*keys, "status", "final_test_error", "diverged", "staleness_mean",
                  "staleness_max", *MEASURED]
         print(index[[c for c in shown if c in index.columns]].to_string(index=False))
-        print(f"sweep index: {out / 'index.csv'}")
+        print(f"sweep index: {out / runs.SWEEP_INDEX}")
     fig = scn.figure.get("name")
     if fig and not getattr(args, "no_figure", False):
         default = args.profile in (None, "default") and not args.out

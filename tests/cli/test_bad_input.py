@@ -97,7 +97,7 @@ def test_a_figure_that_does_not_fit_the_scenario_is_refused_before_running(tmp_p
     assert not (tmp_path / "sw").exists() and not (tmp_path / "one").exists()
 
 
-def test_figures_of_another_profile_never_overwrite_the_committed_ones(tmp_path,
+def test_figures_of_another_profile_never_overwrite_the_committed_ones(tmp_path, capsys,
                                                                        monkeypatch):
     """`asyncsim figures NAME --profile smoke` draws beside the smoke runs (the run folder of
     a single-run figure), not into ./figures where the paper-scale figures live."""
@@ -111,6 +111,27 @@ def test_figures_of_another_profile_never_overwrite_the_committed_ones(tmp_path,
     assert main(["figures", "quickstart", "--runs", str(runs_dir), "--profile", "smoke",
                  "--out", str(tmp_path / "mine")]) == 0
     assert (tmp_path / "mine" / "quickstart.png").exists()
+    # Into a run or sweep folder only where they belong (a figure in a sweep folder's root
+    # made the sweep refuse its own folder).
+    sweep, other = tmp_path / "sweep", tmp_path / "other"
+    path.write_text(dump_toml({**TINY_SCENARIO, "run": {"updates": 10},
+                               "sweep": {"seed": [1, 2]}}))
+    assert main(["trace", str(path), "--out", str(sweep), "--quiet"]) == 0
+    assert main(["trace", str(sweep / "p000" / "scenario.toml"), "--out", str(other),
+                 "--quiet"]) == 0
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for out, where in ((sweep, "the sweep"), (sweep / "figures", "inside the sweep"),
+                       (other, "the run"), (run / "figs", "inside the run")):
+        assert main(["figures", "quickstart", "--runs", str(runs_dir), "--profile", "smoke",
+                     "--out", str(out)]) == 2
+        err = _one_line(capsys)
+        home = out.parent if "inside" in where else out
+        kind = where.split()[-1]
+        assert (f"--out: {out} is {where} folder {home}, whose files only its {kind} writes "
+                f"(figures drawn from {run} go there only into {run})") in err, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert main(["figures", "quickstart", "--runs", str(runs_dir), "--profile", "smoke",
+                 "--out", str(run)]) == 0
 
 
 @pytest.mark.parametrize("how", ["empty", "garbled"])

@@ -129,6 +129,48 @@ def test_a_sweep_goes_on_only_in_a_sweep_folder_of_its_own_scenario(tmp_path, ca
     assert "holds runs of scenario 'c', not 'b'" in _one_line(capsys)
 
 
+def test_a_point_of_a_sweep_another_process_runs_is_the_sweeps(tmp_path, capsys):
+    # While a sweep runs (another process holds its folder's lock), a run aimed at one of
+    # its points used to replace a point the sweep had listed (--force), or to be
+    # overwritten when the sweep got there. A job of that sweep (a Ray task: another
+    # process than the sweep's) still writes its points.
+    import subprocess
+    import sys
+
+    from asyncsim import runs
+    from asyncsim.api import trace_run
+    from asyncsim.scenario import load_scenario
+
+    sweep_scn = _sweep_file(tmp_path, "sw", [1, 2])
+    single = tmp_path / "c.toml"
+    single.write_text(dump_toml({**TINY, "name": "c", "run": {"updates": 20}}))
+    sweep = tmp_path / "sweep"
+    assert main(["trace", str(sweep_scn), "--out", str(sweep), "--quiet"]) == 0
+    before = _digest(sweep)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom asyncsim import runs\n"
+         "with runs.locked(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)",
+         str(sweep)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        for point in ("p001", "p002"):  # complete, not started yet
+            out = sweep / point
+            assert main(["trace", str(single), "--out", str(out), "--quiet", "--force"]) == 2
+            assert (f"{out}: a point of the sweep in {sweep}, which another asyncsim process "
+                    "is running") in _one_line(capsys)
+        held = _digest(sweep)
+        assert held.pop(".lock") and held == before and not (sweep / "p002").exists()
+        with runs.sweep_job(sweep):
+            trace_run(load_scenario(single), sweep / "p001", force=True)
+        assert 'name = "c"' in (sweep / "p001" / "scenario.toml").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The sweep gone, a point may be rerun on its own again.
+    assert main(["trace", str(sweep_scn), "--out", str(sweep), "--quiet", "--force"]) == 0
+    assert main(["trace", str(single), "--out", str(sweep / "p001"), "--quiet", "--force"]) == 0
+
+
 def test_a_sweep_never_writes_beside_what_it_did_not_write(tmp_path, capsys):
     """Whatever its names: a folder holding anything but a sweep's own files (its index,
     point and trace run folders, edges.csv, figures/) is not a sweep's, and neither a sweep
