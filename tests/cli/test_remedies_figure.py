@@ -119,3 +119,28 @@ def test_the_caption_says_what_regenerates_it(smoke):
     text = describe_runs(smoke)
     assert "synthetic-cifar (240 train / 100 test)" in text and "46 runs" in text
     assert "regenerate: asyncsim run" in text and "--profile smoke" in text
+
+
+def test_the_default_study_tunes_every_remedy_on_four_rates_a_setting():
+    """The tuning budget is the same for every remedy: in each setting four rates half a
+    decade apart, five seeds each (the study's figures are drawn from this profile)."""
+    from analysis.remedies import REMEDIES, remedy_of
+    from asyncsim.config import to_dict
+    from asyncsim.scenario import load_scenario, point_scenarios
+
+    grids: dict[tuple[str, str], dict[float, set[int]]] = {}
+    for _, _, scn in point_scenarios(load_scenario(REPO / "scenarios" / "remedies.toml")):
+        d = to_dict(scn)
+        setting = (f"{scn.protocol.kind}-{scn.protocol.options.get('n', '')}"
+                   f"{'-churn' if d['cluster'].get('availability') else ''}")
+        rates = grids.setdefault((setting, remedy_of(d)), {})
+        rates.setdefault(scn.optimizer.lr, set()).add(scn.seed)
+    settings = {s for s, _ in grids}
+    assert settings == {"hardsync-", "softsync-4", "softsync-30", "softsync-30-churn"}
+    for s in settings - {"hardsync-"}:
+        assert {r for t, r in grids if t == s} == set(REMEDIES)
+    for key, rates in grids.items():
+        lrs = sorted(rates)
+        assert len(lrs) == 4, key
+        assert all(3.0 < b / a < 3.3 for a, b in zip(lrs[:-1], lrs[1:], strict=True)), (key, lrs)
+        assert all(seeds == {0, 1, 2, 3, 4} for seeds in rates.values()), key
