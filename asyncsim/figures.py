@@ -137,9 +137,9 @@ def _figures_in(source: Path) -> Path:
 
 
 def _check_target(target: Path, source: Path) -> None:
-    """Figures drawn from ``source`` go into ``target``: refused in one line when that lies
-    in a run or sweep folder other than at :func:`_figures_in` ``source`` (a file drawn into a
-    sweep folder's root, or into another run, is one its run never wrote)."""
+    """Figures drawn from ``source`` go into ``target`` (``--out``): refused in one line when
+    that lies in a run or sweep folder other than at :func:`_figures_in` ``source`` (a file
+    drawn into a sweep folder's root, or into another run, is one its run never wrote)."""
     home = runs.run_folder_of(target / "figure.png")
     own = _figures_in(source)
     if home is not None and target.resolve() != own.resolve():
@@ -187,8 +187,11 @@ def draw_figures(names: list[str] | None, *, runs_dir: str | Path = "runs",
                                     f"`asyncsim run scenarios/{name}.toml{flag}` first",
                                     file=name)
             continue
-        target = Path(out) if out is not None else figure_out(d, profile)
-        _check_target(target, d)  # every figure's, before any is drawn
+        if out is None:
+            target = figure_out(d, profile)  # its own place, whatever folder holds runs/
+        else:
+            target = Path(out)
+            _check_target(target, d)  # every figure's, before any is drawn
         todo.append((name, d, target))
     for name, d, target in todo:
         inside = target.resolve().is_relative_to(d.resolve())

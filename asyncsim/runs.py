@@ -27,6 +27,7 @@ writes a folder at a time: a second writer is refused with one line (:func:`open
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -35,6 +36,7 @@ import platform
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -373,12 +375,14 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
         if is_sweep_folder(folder):
             raise RunFolderError(f"{folder}: a sweep folder; a run writes a folder of its "
                                  "own, and --force replaces a run only: choose another --out")
-        _refuse_a_running_sweeps_point(folder)
-        if (not _SWEEP_RUNS.fullmatch(folder.name)
-                and is_sweep_folder(folder.parent, besides=folder.name)):
+        # Where the folder is, links followed: a link to a sweep's point is that point.
+        real = folder.resolve()
+        _refuse_a_running_sweeps_point(folder, real)
+        if (not _SWEEP_RUNS.fullmatch(real.name)
+                and is_sweep_folder(real.parent, besides=real.name)):
             if all(p.name == LOCK for p in folder.iterdir()):
                 discard_unstarted(folder)  # made for this run: nothing is left behind
-            raise RunFolderError(f"{folder}: inside the sweep folder {folder.parent}, where "
+            raise RunFolderError(f"{folder}: inside the sweep folder {real.parent}, where "
                                  "only its points and shared traces are written: choose "
                                  "another --out")
         if not is_run_folder(folder):
@@ -410,8 +414,10 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
 
 
 # The sweep folders whose points this process writes as jobs of their sweep, which another
-# process (the sweep's, when its jobs run as Ray tasks) may hold the lock of.
-_SWEEP_JOBS: set[Path] = set()
+# process (the sweep's, when its jobs run as Ray tasks) may hold the lock of: how many jobs
+# of each are under way (an executor may run several in threads of one process).
+_SWEEP_JOBS: collections.Counter[Path] = collections.Counter()
+_SWEEP_JOBS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -420,24 +426,26 @@ def sweep_job(sweep: str | os.PathLike) -> Iterator[None]:
     :func:`asyncsim.sweep.run_sweep`, here or in a Ray worker): :func:`prepare` lets it
     write them while the sweep runs."""
     key = Path(sweep).resolve()
-    mine = key not in _SWEEP_JOBS
-    _SWEEP_JOBS.add(key)
+    with _SWEEP_JOBS_LOCK:
+        _SWEEP_JOBS[key] += 1
     try:
         yield
     finally:
-        if mine:
-            _SWEEP_JOBS.discard(key)
+        with _SWEEP_JOBS_LOCK:
+            _SWEEP_JOBS[key] -= 1
+            if not _SWEEP_JOBS[key]:
+                del _SWEEP_JOBS[key]
 
 
-def _refuse_a_running_sweeps_point(folder: Path) -> None:
+def _refuse_a_running_sweeps_point(folder: Path, real: Path) -> None:
     """A point or shared trace of a sweep that another process is running is that sweep's
-    to write: a run aimed at it (``--out SWEEP/p003 --force``) would replace a point the
-    sweep has listed, or be overwritten by the sweep when it gets there."""
-    sweep = folder.parent
-    key = sweep.resolve()
-    if (_SWEEP_RUNS.fullmatch(folder.name) and key not in _HELD and key not in _SWEEP_JOBS
+    to write: a run aimed at it (``--out SWEEP/p003 --force``, or a link to it) would
+    replace a point the sweep has listed, or be overwritten by the sweep when it gets
+    there. ``real``: ``folder`` with links followed."""
+    sweep = real.parent
+    if (_SWEEP_RUNS.fullmatch(real.name) and sweep not in _HELD and sweep not in _SWEEP_JOBS
             and _held_elsewhere(sweep / LOCK)
-            and is_sweep_folder(sweep, besides=folder.name)):
+            and is_sweep_folder(sweep, besides=real.name)):
         if all(p.name == LOCK for p in folder.iterdir()):
             discard_unstarted(folder)  # made for this run: nothing is left behind
         raise RunFolderError(f"{folder}: a point of the sweep in {sweep}, which another "

@@ -132,6 +132,17 @@ def test_figures_of_another_profile_never_overwrite_the_committed_ones(tmp_path,
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert main(["figures", "quickstart", "--runs", str(runs_dir), "--profile", "smoke",
                  "--out", str(run)]) == 0
+    # Every figure's --out is checked before any is drawn: the quickstart's own folder is
+    # not P1-F1's, so neither is drawn.
+    repo = Path(__file__).resolve().parents[2]
+    assert main(["run", str(repo / "scenarios" / "p1_f1_staleness.toml"), "--profile", "smoke",
+                 "--out", str(runs_dir / "p1_f1_staleness-smoke"), "--quiet",
+                 "--no-figure"]) == 0
+    (run / "quickstart.png").unlink()
+    assert main(["figures", "quickstart", "p1_f1_staleness", "--runs", str(runs_dir),
+                 "--profile", "smoke", "--out", str(run)]) == 2
+    assert f"--out: {run} is the run folder {run}" in _one_line(capsys)
+    assert not (run / "quickstart.png").exists()
 
 
 @pytest.mark.parametrize("how", ["empty", "garbled"])

@@ -134,6 +134,7 @@ def test_a_point_of_a_sweep_another_process_runs_is_the_sweeps(tmp_path, capsys)
     # its points used to replace a point the sweep had listed (--force), or to be
     # overwritten when the sweep got there. A job of that sweep (a Ray task: another
     # process than the sweep's) still writes its points.
+    import shutil
     import subprocess
     import sys
 
@@ -141,11 +142,14 @@ def test_a_point_of_a_sweep_another_process_runs_is_the_sweeps(tmp_path, capsys)
     from asyncsim.api import trace_run
     from asyncsim.scenario import load_scenario
 
-    sweep_scn = _sweep_file(tmp_path, "sw", [1, 2])
+    sweep_scn = _sweep_file(tmp_path, "sw", [1, 2, 3])
     single = tmp_path / "c.toml"
     single.write_text(dump_toml({**TINY, "name": "c", "run": {"updates": 20}}))
     sweep = tmp_path / "sweep"
     assert main(["trace", str(sweep_scn), "--out", str(sweep), "--quiet"]) == 0
+    shutil.rmtree(sweep / "p002")  # a point the sweep has not reached yet
+    link = tmp_path / "link"
+    link.symlink_to(sweep / "p001")
     before = _digest(sweep)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom asyncsim import runs\n"
@@ -153,16 +157,24 @@ def test_a_point_of_a_sweep_another_process_runs_is_the_sweeps(tmp_path, capsys)
          str(sweep)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        for point in ("p001", "p002"):  # complete, not started yet
-            out = sweep / point
+        for out in (sweep / "p001", sweep / "p002", link):  # complete, not reached, a link
             assert main(["trace", str(single), "--out", str(out), "--quiet", "--force"]) == 2
             assert (f"{out}: a point of the sweep in {sweep}, which another asyncsim process "
                     "is running") in _one_line(capsys)
         held = _digest(sweep)
         assert held.pop(".lock") and held == before and not (sweep / "p002").exists()
-        with runs.sweep_job(sweep):
-            trace_run(load_scenario(single), sweep / "p001", force=True)
+        # Two jobs of the sweep in one process (an executor's threads): the first to end
+        # leaves the other a job of it.
+        first, second = runs.sweep_job(sweep), runs.sweep_job(sweep)
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        trace_run(load_scenario(single), sweep / "p001", force=True)
+        second.__exit__(None, None, None)
         assert 'name = "c"' in (sweep / "p001" / "scenario.toml").read_text()
+        assert main(["trace", str(single), "--out", str(sweep / "p001"), "--quiet",
+                     "--force"]) == 2  # no job of it any more
+        assert "a point of the sweep" in _one_line(capsys)
     finally:
         holder.kill()
         holder.wait()
