@@ -376,15 +376,11 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
             raise RunFolderError(f"{folder}: a sweep folder; a run writes a folder of its "
                                  "own, and --force replaces a run only: choose another --out")
         # Where the folder is, links followed: a link to a sweep's point is that point.
-        real = folder.resolve()
-        _refuse_a_running_sweeps_point(folder, real)
-        if (not _SWEEP_RUNS.fullmatch(real.name)
-                and is_sweep_folder(real.parent, besides=real.name)):
+        refused = _sweep_refusal(folder.resolve())
+        if refused is not None:
             if all(p.name == LOCK for p in folder.iterdir()):
                 discard_unstarted(folder)  # made for this run: nothing is left behind
-            raise RunFolderError(f"{folder}: inside the sweep folder {real.parent}, where "
-                                 "only its points and shared traces are written: choose "
-                                 "another --out")
+            raise RunFolderError(f"{folder}: {refused}")
         if not is_run_folder(folder):
             others = sorted(p.name for p in folder.iterdir()
                             if p.name not in START_FILES and not p.name.endswith(".tmp"))
@@ -437,20 +433,23 @@ def sweep_job(sweep: str | os.PathLike) -> Iterator[None]:
                 del _SWEEP_JOBS[key]
 
 
-def _refuse_a_running_sweeps_point(folder: Path, real: Path) -> None:
-    """A point or shared trace of a sweep that another process is running is that sweep's
-    to write: a run aimed at it (``--out SWEEP/p003 --force``, or a link to it) would
-    replace a point the sweep has listed, or be overwritten by the sweep when it gets
-    there. ``real``: ``folder`` with links followed."""
+def _sweep_refusal(real: Path) -> str | None:
+    """Why a run may not write the folder ``real`` (links followed) of the sweep folder it
+    lies in, or None: a folder there other than a point or shared trace, or a point or
+    shared trace of a sweep that another process is running -- that sweep's to write: a
+    run aimed at it (``--out SWEEP/p003 --force``) would replace a point the sweep has
+    listed, or be overwritten by the sweep when it gets there."""
     sweep = real.parent
-    if (_SWEEP_RUNS.fullmatch(real.name) and sweep not in _HELD and sweep not in _SWEEP_JOBS
-            and _held_elsewhere(sweep / LOCK)
+    if not _SWEEP_RUNS.fullmatch(real.name):
+        if is_sweep_folder(sweep, besides=real.name):
+            return (f"inside the sweep folder {sweep}, where only its points and shared "
+                    "traces are written: choose another --out")
+        return None
+    if (sweep not in _HELD and sweep not in _SWEEP_JOBS and _held_elsewhere(sweep / LOCK)
             and is_sweep_folder(sweep, besides=real.name)):
-        if all(p.name == LOCK for p in folder.iterdir()):
-            discard_unstarted(folder)  # made for this run: nothing is left behind
-        raise RunFolderError(f"{folder}: a point of the sweep in {sweep}, which another "
-                             "asyncsim process is running; wait for it to finish or choose "
-                             "another --out")
+        return (f"a point of the sweep in {sweep}, which another asyncsim process is "
+                "running; wait for it to finish or choose another --out")
+    return None
 
 
 def _remove_for_force(folder: Path) -> None:
