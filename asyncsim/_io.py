@@ -51,12 +51,18 @@ _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
 
 
 # ----------------------------------------------------------------------------- links
+# The names of a run folder's files (docs/run-folders.md) and of a sweep folder's index.
+PROVENANCE = "provenance.json"
+SCENARIO_TOML = "scenario.toml"  # the scenario the run ran, resolved
+SUMMARY = "summary.json"
+TRACE_META = "trace_meta.json"
+SWEEP_INDEX = "index.csv"
+
 # Files only asyncsim writes: a folder holding one is a run folder (provenance.json comes with
 # its start, summary.json with its end, trace_meta.json with its trace) or a sweep folder
 # (index.csv). Not its lock: ".lock" is a common name, and a folder is marked as written by
 # this process while it holds the lock (:func:`writing`).
-SWEEP_INDEX = "index.csv"
-RUN_MARKS = ("provenance.json", "summary.json", "trace_meta.json", SWEEP_INDEX)
+RUN_MARKS = (PROVENANCE, SUMMARY, TRACE_META, SWEEP_INDEX)
 
 # The run folders this process holds the lock of (asyncsim.runs.locked), as absolute paths
 # (links not resolved): a folder so new that it holds no mark yet is a run folder too.
@@ -313,7 +319,7 @@ def jsonable(x: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- TOML out
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -327,11 +333,11 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
         if not v:
             return "{}"
-        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+        return "{ " + ", ".join(f"{_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
 
 
@@ -344,7 +350,7 @@ def dump_toml(d: Mapping[str, Any], _prefix: str = "") -> str:
     scalars = [(k, v) for k, v in d.items() if not (isinstance(v, Mapping) and v)]
     tables = [(k, v) for k, v in d.items() if isinstance(v, Mapping) and v]
     out = [f"[{_prefix}]"] if _prefix and scalars else []
-    out += [f"{_key(k)} = {_toml_value(v)}" for k, v in scalars]
+    out += [f"{_key(k)} = {toml_value(v)}" for k, v in scalars]
     for k, v in tables:
         out += ["", dump_toml(v, f"{_prefix}.{_key(k)}" if _prefix else _key(k)).rstrip("\n")]
     return "\n".join(out).strip("\n") + "\n"

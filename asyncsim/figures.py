@@ -115,9 +115,9 @@ def figure_runs(name: str, runs_dir: str | Path = "runs",
     d = sweep_dir(name, runs_dir, profile)
     if not d.is_dir():
         return None
-    if (d / runs.SWEEP_INDEX).exists() or (d / "summary.json").exists():
+    if (d / runs.SWEEP_INDEX).exists() or (d / _io.SUMMARY).exists():
         return d
-    seeds = [p for p in d.glob("seed*") if p.name[4:].isdigit() and (p / "summary.json").exists()]
+    seeds = [p for p in d.glob("seed*") if p.name[4:].isdigit() and (p / _io.SUMMARY).exists()]
     return min(seeds, key=lambda p: int(p.name[4:])) if seeds else d
 
 
@@ -133,7 +133,7 @@ def figure_out(source: Path, profile: str | None) -> Path:
 def _figures_in(source: Path) -> Path:
     """The one place inside the run folders at ``source`` that figures are drawn into: the
     sweep folder's ``figures/``, or a single run's folder itself."""
-    return source if (source / runs.SUMMARY).exists() else source / "figures"
+    return source if (source / _io.SUMMARY).exists() else source / "figures"
 
 
 def _check_target(target: Path, source: Path) -> None:

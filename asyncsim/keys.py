@@ -16,7 +16,7 @@ import re
 import typing
 
 from asyncsim import config
-from asyncsim._io import _toml_value
+from asyncsim._io import toml_value
 
 
 def _allowed() -> dict[str, list[str]]:
@@ -83,7 +83,7 @@ def _default(f: dataclasses.Field) -> str:
         return "required"
     if dataclasses.is_dataclass(value):
         return "(table)"
-    return "none" if value is None else f"`{_toml_value(config.to_dict(value))}`"
+    return "none" if value is None else f"`{toml_value(config.to_dict(value))}`"
 
 
 def _rows(cls: type, prefix: str, allowed: dict[str, list[str]]):
@@ -153,7 +153,7 @@ def _protocol_rows(prefix: str, allowed: dict[str, list[str]]):
                 continue  # cluster.learners
             key = f"{prefix}{name}"
             default = ("required" if p.default is p.empty else "none" if p.default is None
-                       else f"`{_toml_value(p.default)}`")
+                       else f"`{toml_value(p.default)}`")
             text = f"{kind}: {_arg_docs(reg.get(kind)).get(name, '')}".strip()
             if key in allowed:
                 text += " Built in: " + ", ".join(allowed[key]) + "."

@@ -30,7 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from asyncsim import _checks
 from asyncsim._io import (
+    PROVENANCE,
     RUN_MARKS,
+    SCENARIO_TOML,
+    SUMMARY,
     SWEEP_INDEX,
     DamagedFile,
     damaged,
@@ -45,7 +48,6 @@ from asyncsim.errors import ScenarioError
 from asyncsim.runs import (
     EDGES_CSV,
     KIND_LABELS,
-    SUMMARY,
     RunFolderError,
     driver_from,
     scenario_toml,
@@ -321,7 +323,7 @@ class RunFolder:
         try:
             return load_run_scenario(self.path, validate=False)
         except ScenarioError as e:
-            raise damaged(self.file("scenario.toml"),
+            raise damaged(self.file(SCENARIO_TOML),
                           f"{e.key}: {e.message}" if e.key else e.message) from None
 
     @cached_property
@@ -346,7 +348,7 @@ class RunFolder:
         try:
             return check(key, node)
         except ScenarioError as e:
-            raise damaged(self.file("scenario.toml"), f"{e.key}: {e.message}") from None
+            raise damaged(self.file(SCENARIO_TOML), f"{e.key}: {e.message}") from None
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -362,7 +364,7 @@ class RunFolder:
 
     @cached_property
     def provenance(self) -> dict[str, Any]:
-        path = self.file("provenance.json")
+        path = self.file(PROVENANCE)
         if not path.exists():
             return {}
         return checked_fields(read_json(path), PROVENANCE_FIELDS, path)
@@ -540,7 +542,7 @@ def _not_a_run(path: Path) -> str:
 
 # What marks a run folder (not a sweep's): a file only asyncsim writes, or the scenario that
 # a run killed before its first other file has already written.
-_RUN_FILES = (*(m for m in RUN_MARKS if m != SWEEP_INDEX), "scenario.toml")
+_RUN_FILES = (*(m for m in RUN_MARKS if m != SWEEP_INDEX), SCENARIO_TOML)
 
 
 def run_folders(source: str | Path) -> list[RunFolder]:

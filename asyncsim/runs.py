@@ -43,13 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from asyncsim import _io
-from asyncsim._io import SWEEP_INDEX, dump_toml
+from asyncsim._io import PROVENANCE, SCENARIO_TOML, SUMMARY, SWEEP_INDEX, dump_toml
 from asyncsim.config import Scenario, to_dict
 from asyncsim.errors import ScenarioError
 from asyncsim.machine import BIT_FACTS, machine_facts
 from asyncsim.trace import FILES as TRACE_FILES
 
-SUMMARY = "summary.json"
 LOCK = ".lock"
 INPUTS = "inputs"
 # What a scenario's [measure] table stores (asyncsim.stability.measure), which the figures
@@ -83,7 +82,7 @@ def require_run_folder(folder: str | os.PathLike, *, scenario: bool = True) -> P
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"{folder}: no such run folder")
-    need = (("scenario.toml",) if scenario else ()) + TRACE_FILES
+    need = ((SCENARIO_TOML,) if scenario else ()) + TRACE_FILES
     missing = [f for f in need if not (folder / f).exists()]
     if missing and is_sweep_folder(folder):
         points = sorted(p.name for p in folder.iterdir() if (p / TRACE_FILES[0]).exists())
@@ -99,7 +98,7 @@ def driver_of(folder: Path) -> str:
     """What wrote a run folder, from its provenance.json: ``"online"`` (``asyncsim run``),
     ``"real"``, ``"replay"`` or ``"trace"`` (timing only)."""
     try:
-        prov = _io.read_json(folder / "provenance.json")
+        prov = _io.read_json(folder / PROVENANCE)
     except _io.DamagedFile:
         return "online"
     return driver_from(prov)
@@ -123,7 +122,7 @@ _REDO = {"trace": "a trace is quick to redo: pass --force",
 
 
 def _go_on(kind: str, folder: Path) -> str:
-    if kind in _RESUME and not (folder / "scenario.toml").exists():
+    if kind in _RESUME and not (folder / SCENARIO_TOML).exists():
         # Killed before the run wrote its scenario (or a full disk left only its temporary
         # file): there is nothing to continue from.
         return "it was stopped before it wrote scenario.toml, so it cannot be resumed: " \
@@ -148,7 +147,7 @@ def unfinished_advice(folder: str | os.PathLike) -> str:
 
 def _replay_source(folder: Path) -> str | None:
     try:
-        return _io.read_json(folder / "provenance.json").get("replay_of")
+        return _io.read_json(folder / PROVENANCE).get("replay_of")
     except _io.DamagedFile:
         return None
 
@@ -177,7 +176,7 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
     if kind != driver:
         raise RunFolderError(f"{folder}: an unfinished {KIND_LABELS.get(kind, kind)}; "
                              f"{_go_on(kind, folder)}")
-    if not (folder / "scenario.toml").exists():
+    if not (folder / SCENARIO_TOML).exists():
         raise RunFolderError(f"{folder}: nothing to resume: {_go_on(kind, folder)}")
     return folder
 
@@ -278,7 +277,7 @@ def sweep_names(folder: str | os.PathLike) -> set[str | None]:
     for run in Path(folder).iterdir():
         if _SWEEP_RUNS.fullmatch(run.name):
             try:
-                names.add(_io.read_toml(run / "scenario.toml").get("name"))
+                names.add(_io.read_toml(run / SCENARIO_TOML).get("name"))
             except _io.DamagedFile:  # missing (not started) or cut short
                 continue
     return names
@@ -592,7 +591,7 @@ def opened(out: str | os.PathLike | None, *, resume: bool = False,
 
 
 # What a run writes before its first update: a folder holding only these has no results.
-START_FILES = frozenset({"scenario.toml", "provenance.json", INPUTS, LOCK})
+START_FILES = frozenset({SCENARIO_TOML, PROVENANCE, INPUTS, LOCK})
 
 
 @contextlib.contextmanager
@@ -712,14 +711,14 @@ def provenance(scn: Scenario, **extra: Any) -> dict[str, Any]:
 
 
 def write_provenance(folder: Path, scn: Scenario, **extra: Any) -> None:
-    atomic_write_json(folder / "provenance.json", provenance(scn, **extra))
+    atomic_write_json(folder / PROVENANCE, provenance(scn, **extra))
 
 
 def read_provenance(folder: str | os.PathLike) -> dict[str, Any]:
     """A folder's ``provenance.json``; ``{}`` when it is missing or damaged (its readers
     only report from it: what differs between two runs' machines)."""
     try:
-        prov = _io.read_json(Path(folder) / "provenance.json", what="provenance.json")
+        prov = _io.read_json(Path(folder) / PROVENANCE, what=PROVENANCE)
     except _io.DamagedFile:
         return {}
     return prov if isinstance(prov, dict) else {}
@@ -728,9 +727,9 @@ def read_provenance(folder: str | os.PathLike) -> dict[str, Any]:
 def add_provenance(folder: Path, **fields: Any) -> None:
     """Add ``fields`` to ``folder``'s provenance.json (what is known only at the end of a
     run, such as its use of the compilation cache); no readable file, nothing to add to."""
-    path = folder / "provenance.json"
+    path = folder / PROVENANCE
     try:
-        recorded = _io.read_json(path, what="provenance.json")
+        recorded = _io.read_json(path, what=PROVENANCE)
     except _io.DamagedFile:
         # Missing or damaged (a resumed run's, say): the commands that read it say so; the
         # run that is finishing is not the place to fail.

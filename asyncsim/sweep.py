@@ -35,7 +35,15 @@ from typing import Any
 import pandas as pd
 
 from asyncsim import runs
-from asyncsim._io import DamagedFile, _toml_value, read_json, read_toml
+from asyncsim._io import (
+    SCENARIO_TOML,
+    SUMMARY,
+    TRACE_META,
+    DamagedFile,
+    read_json,
+    read_toml,
+    toml_value,
+)
 from asyncsim.config import Scenario
 from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.choose import sweep_path
@@ -200,7 +208,7 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
         complete = runs.is_complete(folder)
         summary = runs.read_summary(folder) if complete else {}
         # A table value (an lr_rule with parameters, a compensation) as its TOML text.
-        keys = {k: _toml_value(v) if isinstance(v, Mapping) else v
+        keys = {k: toml_value(v) if isinstance(v, Mapping) else v
                 for k in names for v in [it["keys"].get(k)]}
         row: dict[str, Any] = {"point": it["point"], **keys, "folder": str(folder),
                                # What ran (an API caller's vmap= may override the file).
@@ -234,8 +242,8 @@ def _up_to_date(folder: Path, scn: Scenario, *, numbers: bool = True) -> bool:
     if not runs.is_complete(folder):
         return False
     try:
-        saved = read_toml(folder / "scenario.toml")
-        if numbers and (read_json(folder / "summary.json").get("numerics_revision")
+        saved = read_toml(folder / SCENARIO_TOML)
+        if numbers and (read_json(folder / SUMMARY).get("numerics_revision")
                         != NUMERICS_REVISION):
             return False  # made by other numerics: its numbers are not this asyncsim's
     except DamagedFile:
@@ -245,7 +253,7 @@ def _up_to_date(folder: Path, scn: Scenario, *, numbers: bool = True) -> bool:
     if timing_revision(scn.protocol) is None:
         return True  # nothing to read: no timing of this scenario changed meaning
     try:
-        return _same_timing_model(read_json(folder / "trace_meta.json"), scn)
+        return _same_timing_model(read_json(folder / TRACE_META), scn)
     except DamagedFile:
         return False
 
@@ -347,7 +355,7 @@ def _group_trace(scn: Scenario, folder: Path):
     it is this group's timing (an edited sweep file's trace is simulated again)."""
     if runs.is_complete(folder):
         try:
-            saved = load_scenario(folder / "scenario.toml")
+            saved = load_scenario(folder / SCENARIO_TOML)
         except (ScenarioError, DamagedFile):
             saved = None
         if saved is not None and timing_key(saved) == timing_key(scn):

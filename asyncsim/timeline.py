@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from asyncsim._io import read_toml, save_figure, write_text
+from asyncsim._io import SCENARIO_TOML, read_toml, save_figure, write_text
 from asyncsim.errors import ScenarioError
 from asyncsim.trace import Trace, away_intervals, read_restarts
 
@@ -177,7 +177,7 @@ def draw_timeline(run_dir: str | Path, png: str | Path, *, learners: str | None 
 
     run_dir = Path(run_dir)
     trace = Trace.load(run_dir)
-    scn = read_toml(run_dir / "scenario.toml") if (run_dir / "scenario.toml").exists() else {}
+    scn = read_toml(run_dir / SCENARIO_TOML) if (run_dir / SCENARIO_TOML).exists() else {}
     restarts = read_restarts(run_dir)
     lr = parse_range(learners, "--learners", integer=True)
     wr = parse_range(window, "--window", integer=False)

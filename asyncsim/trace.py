@@ -32,6 +32,8 @@ import numpy as np
 
 from asyncsim import _checks
 from asyncsim._io import (
+    SUMMARY,
+    TRACE_META,
     DamagedFile,
     damaged,
     jsonable,
@@ -60,7 +62,7 @@ GRAD_COLUMNS: dict[str, type] = {
     "t_arrive": np.float64,
     "t_apply": np.float64,  # the update that took it was applied
 }
-FILES = ("trace_grads.parquet", "trace_updates.parquet", "trace_meta.json")  # Trace.save
+FILES = ("trace_grads.parquet", "trace_updates.parquet", TRACE_META)  # Trace.save
 DOWN_FILE = "trace_down.parquet"  # written only when a learner went down
 
 UPDATE_COLUMNS: dict[str, type] = {
@@ -314,7 +316,7 @@ class Trace:
             (folder / DOWN_FILE).unlink(missing_ok=True)  # another trace's, saved here before
         # Its hash beside the tables, which :meth:`load` checks them against.
         meta = {**self.meta, "trace_hash": self.hash()}
-        write_text(folder / "trace_meta.json",
+        write_text(folder / TRACE_META,
                    json.dumps(jsonable(meta), indent=1, sort_keys=True))
 
     @classmethod
@@ -330,7 +332,7 @@ class Trace:
         valid one never passes for the recorded run). :func:`asyncsim.testing.check_trace`
         checks the rest (per learner and per protocol), too slow to check every load."""
         folder = Path(folder)
-        meta_path = folder / "trace_meta.json"
+        meta_path = folder / TRACE_META
         meta = read_json(meta_path) if meta_path.exists() else {}
         recorded = _recorded_hashes(folder, meta)
         for key, check in META_CHECKS.items():
@@ -369,16 +371,11 @@ class Trace:
         return trace
 
 
-# Where a run folder records its trace's hash besides the trace's own meta (Trace.summary).
-SUMMARY_FILE = "summary.json"
-
-
 def _recorded_hashes(folder: Path, meta: Mapping[str, Any]) -> dict[str, str]:
     """The ``trace_hash`` values a folder records for its trace: ``{file: hash}`` of
     trace_meta.json's and summary.json's (a complete run's)."""
-    summary = folder / SUMMARY_FILE
-    records = {"trace_meta.json": meta,
-               SUMMARY_FILE: read_json(summary) if summary.exists() else {}}
+    summary = folder / SUMMARY
+    records = {TRACE_META: meta, SUMMARY: read_json(summary) if summary.exists() else {}}
     # None: written before traces recorded it, or a folder's summary without a trace
     return {name: r["trace_hash"] for name, r in records.items()
             if r.get("trace_hash") is not None}

@@ -20,7 +20,7 @@ from pathlib import Path
 from asyncsim._process import sigint_kept, tune_gc
 from asyncsim.cli.parser import build_parser
 from asyncsim.errors import ScenarioError
-from asyncsim.runs import ONE_LINE_ERRORS
+from asyncsim.runs import ONE_LINE_ERRORS, SCENARIO_TOML
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # as a process that SIGPIPE ended (128 + 13), what a shell expects
@@ -31,7 +31,7 @@ def _scenario_file(args) -> str | None:
     if getattr(args, "scenario", None):
         return str(args.scenario)
     folder = getattr(args, "resume", None) or getattr(args, "run_dir", None)
-    return str(Path(folder) / "scenario.toml") if folder else None
+    return str(Path(folder) / SCENARIO_TOML) if folder else None
 
 
 def _command(spec: str):

@@ -42,7 +42,7 @@ def resume_args(args, *, verb: str, driver: str = "online") -> Path:
     from asyncsim.drivers.folder_scenario import scenario_differences
 
     changed = scenario_differences(
-        read_toml(folder / "scenario.toml", what="the run's scenario"), load_args(args))
+        read_toml(folder / runs.SCENARIO_TOML, what="the run's scenario"), load_args(args))
     if changed:
         given = " ".join([str(args.scenario), *tweaks])
         shown = "; ".join(f"{k}: {then!r} there, {now!r} here" for k, then, now in changed[:3])

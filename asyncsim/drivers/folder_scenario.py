@@ -92,7 +92,7 @@ def folder_scenario(scn: Scenario, folder: Path | None = None
 def write_scenario(folder: Path, scn: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
     """Write ``folder/scenario.toml``, its inputs copied in: :func:`folder_scenario`'s pair."""
     d, inputs = folder_scenario(scn, folder)
-    runs.atomic_write_text(folder / "scenario.toml", dump_toml(d))
+    runs.atomic_write_text(folder / runs.SCENARIO_TOML, dump_toml(d))
     return d, inputs
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsim import _checks
-from asyncsim._io import MAX_BYTES, DamagedFile, _toml_value, read_toml, regular_file
+from asyncsim._io import MAX_BYTES, SCENARIO_TOML, DamagedFile, read_toml, regular_file, toml_value
 from asyncsim.config import (
     DataConfig,
     ModelConfig,
@@ -294,7 +294,7 @@ def _show(value: Any) -> str:
     if isinstance(value, str):
         return value
     try:
-        return _toml_value(value)
+        return toml_value(value)
     except TypeError:
         return repr(value)
 
@@ -303,7 +303,7 @@ def load_run_scenario(folder: str | os.PathLike, **kw: Any) -> Scenario:
     """A run folder's ``scenario.toml`` (:func:`load_scenario`'s keywords). asyncsim always
     writes it whole, so an empty or undecodable one is damaged: a one-line
     :class:`asyncsim._io.DamagedFile`, not the defaults an empty scenario file means."""
-    path = Path(folder) / "scenario.toml"
+    path = Path(folder) / SCENARIO_TOML
     read_toml(path, what="the run's scenario")
     return load_scenario(path, **kw)
 
