@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, Union
 
 from asyncsim._checks import choice, finite, int64
-from asyncsim.errors import ScenarioError, did_you_mean
+from asyncsim.errors import ScenarioError, did_you_mean, first_line
 
 T = TypeVar("T")
 _BY_GROUP: dict[str, PluginRegistry] = {}
@@ -58,7 +58,8 @@ class PluginRegistry(Generic[T]):
 
     Args:
         group: the entry-point group, e.g. ``"asyncsim.lr_rules"``.
-        what: the noun in messages (``"unknown rule 'x'; allowed: ..."``).
+        what: the kind's noun in every message (``"unknown learning-rate rule 'x'; allowed:
+            ..."``, ``"unknown option for learning-rate rule 'hinge'"``).
         key: the scenario key an unknown name is reported under (``"optimizer.lr_rule"``).
         adapt: ``adapt(obj, name) -> T`` turns a loaded entry point into a registry value
             (checks it, wraps it); it raises TypeError/ValueError for an unusable object.
@@ -270,7 +271,7 @@ Nested = Mapping[type, tuple[str, Callable[[Any, str, Any], Any]]]
 
 
 def check_options(fn: Callable[..., Any], options: Mapping[str, Any], *, key: str, what: str,
-                  name: str, noun: str = "parameter", exclude: tuple[str, ...] = (),
+                  name: str, exclude: tuple[str, ...] = (),
                   also: tuple[str, ...] = (), base_dir: str | os.PathLike | None = None,
                   nested: Nested | None = None) -> dict[str, Any]:
     """``options`` checked against ``fn``'s keyword parameters: the keyword arguments to call
@@ -284,6 +285,8 @@ def check_options(fn: Callable[..., Any], options: Mapping[str, Any], *, key: st
     its default's type; any other annotation passes the value through. ``also`` lists names
     that are allowed in the table but are not options (``name``, ``batch_size``), for the
     message; ``exclude`` names parameters the caller supplies itself (a data set's ``seed``).
+    ``what`` is the kind's noun, its registry's (``"delay model"``): every kind's messages
+    read ``unknown option for delay model 'lognormal'; allowed: dist, mean, cv``.
     """
     params, hints, var_kw = signature_options(fn)
     params = {k: p for k, p in params.items() if k not in exclude}
@@ -291,8 +294,7 @@ def check_options(fn: Callable[..., Any], options: Mapping[str, Any], *, key: st
     kwargs: dict[str, Any] = {}
     for k, v in options.items():
         if k not in params and not var_kw:
-            whose = f"{what} {name!r}" if what else repr(name)
-            raise ScenarioError(_join(key, k), f"unknown {noun} for {whose}; allowed: "
+            raise ScenarioError(_join(key, k), f"unknown option for {what} {name!r}; allowed: "
                                 f"{', '.join(allowed) or 'none'}{did_you_mean(k, params)}")
         p = params.get(k)
         hint = hints.get(k, inspect.Parameter.empty)
@@ -302,7 +304,8 @@ def check_options(fn: Callable[..., Any], options: Mapping[str, Any], *, key: st
     required = [n for n, p in params.items() if p.default is p.empty]
     for n in required:
         if n not in kwargs:
-            raise ScenarioError(_join(key, n), f"missing; {name!r} requires: {', '.join(required)}")
+            raise ScenarioError(_join(key, n), f"missing; {what} {name!r} requires: "
+                                f"{', '.join(required)}")
     return kwargs
 
 
@@ -385,14 +388,17 @@ def path_options(fn: Callable[..., Any], options: Mapping[str, Any]) -> list[str
 
 
 def call_checked(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, key: str, what: str,
-                 name: str, reraise: tuple[type[BaseException], ...] = ()) -> Any:
+                 name: str, reraise: tuple[type[BaseException], ...] = (),
+                 failure: str = "invalid parameters for {whose}") -> Any:
     """``fn(**kwargs)``, its refusals as :class:`ScenarioError` under ``key``.
 
     The plug-in contract: a factory raises ``ValueError("<option>: <what is allowed>")`` (the
     checks of :mod:`asyncsim._checks` do) and the error is reported under ``key.option``; a
     ScenarioError it raises with a relative key is nested under ``key``; any other
-    ValueError/TypeError is reported under ``key`` itself. ``reraise`` passes exceptions
-    through unchanged (a data set's DataError, which says what file is missing).
+    ValueError/TypeError is reported under ``key`` itself (``failure``, its ``{whose}``
+    the plug-in, then the error's first line); an OSError naming a file is reported under the option
+    that gave that path. ``reraise`` passes exceptions through unchanged (a data set's
+    DataError, which says what file is missing).
     """
     try:
         return fn(**kwargs)
@@ -404,9 +410,17 @@ def call_checked(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, key: str,
         params, _, _ = signature_options(fn)
         option, sep, message = str(e).partition(": ")
         if sep and (option in kwargs or option in params):
-            raise ScenarioError(_join(key, option), message) from e
-        whose = f"{what} {name!r}" if what else repr(name)
-        raise ScenarioError(key, f"invalid parameters for {whose}: {e}") from e
+            raise ScenarioError(_join(key, option), first_line(message)) from e
+        raise ScenarioError(key, f"{failure.format(whose=f'{what} {name!r}')}: "
+                            f"{first_line(e)}") from e
+    except OSError as e:
+        # A file option the plug-in could not read (asyncsim checks paths' form, not that
+        # the file is there: a data set may download into its path).
+        given = [k for k, v in kwargs.items() if e.filename is not None
+                 and isinstance(v, str | os.PathLike) and os.fspath(v) == os.fspath(e.filename)]
+        raise ScenarioError(_join(key, given[0]) if given else key,
+                            f"cannot read {os.fspath(e.filename)!r}: {e.strerror}"
+                            if e.filename is not None else first_line(e)) from e
 
 
 def build(fn: Callable[..., Any], options: Mapping[str, Any], *, key: str, what: str,

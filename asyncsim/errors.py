@@ -44,6 +44,14 @@ class ScenarioError(ValueError):
         return ScenarioError(key, self.message, file=self.file)
 
 
+def first_line(e: BaseException | str) -> str:
+    """The first line of an error's message (its type's name if it has none): what a
+    :class:`ScenarioError` quotes of a library's or a plug-in's error, whose message may run
+    to many lines (JAX's tracer errors do)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def did_you_mean(name: object, allowed: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the allowed name closest to a misspelt ``name``
     (``inverse_staleness`` -> ``inverse-staleness``, ``hiden`` -> ``hidden``, ``p1-f3`` ->

@@ -21,7 +21,7 @@ from asyncsim._io import toml_value
 
 def _allowed() -> dict[str, list[str]]:
     """The built-in values of the keys whose values a registry or a fixed list decides
-    (plug-ins add names: ``asyncsim.registries()``)."""
+    (plug-ins add names: ``asyncsim.api.registries()``)."""
     from asyncsim.drivers.plugins import registries
     from asyncsim.numerics.compensation import KINDS
     from asyncsim.timing.protocols import FixedDelay
@@ -111,7 +111,7 @@ def _rows(cls: type, prefix: str, allowed: dict[str, list[str]]):
             continue
         if cls in config.OPEN_TABLES and f.name == config.OPEN_TABLES[cls]:
             yield (f"{prefix}*", "any", "", "the options of the named factory, checked "
-                   "against its signature (see `asyncsim.registries()`)")
+                   "against its signature (see `asyncsim.api.registries()`)")
             continue
         text = notes.get(f.name, "")
         if key in allowed:

@@ -115,7 +115,7 @@ def compensation_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dic
         if k == "kind":
             continue
         if k not in allowed:
-            raise ScenarioError(f"{key}.{k}", f"unknown parameter for compensation {kind!r}; "
+            raise ScenarioError(f"{key}.{k}", f"unknown option for compensation {kind!r}; "
                                 f"allowed: kind, {', '.join(allowed)}"
                                 f"{did_you_mean(k, list(allowed))}")
         coerce(float, v, f"{key}.{k}")  # a float parameter's check: an int or float, finite

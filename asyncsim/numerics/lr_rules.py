@@ -33,11 +33,13 @@ import numpy as np
 from asyncsim import _checks
 from asyncsim._registry import (
     PluginRegistry,
+    call_checked,
     callable_value,
     check_options,
     signature_options,
 )
 from asyncsim.config import check_float32, rule_label, rule_spec  # noqa: F401  (re-exported)
+from asyncsim.errors import ScenarioError
 
 LrRule = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -48,7 +50,7 @@ RULE_INPUTS = ("lr", "staleness", "mean_staleness")
 
 
 _lr_rules: PluginRegistry[LrRule] = PluginRegistry(
-    "asyncsim.lr_rules", "rule", "optimizer.lr_rule",
+    "asyncsim.lr_rules", "learning-rate rule", "optimizer.lr_rule",
     adapt=callable_value("a function rule(lr, staleness, mean_staleness)"))
 
 
@@ -113,7 +115,7 @@ def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") 
     fn = _lr_rules.get(name, key if isinstance(spec, str) else f"{key}.name")
     # The three inputs are the first three parameters, whatever a plug-in calls them.
     inputs = tuple(signature_options(fn)[0])[:len(RULE_INPUTS)]
-    kwargs = check_options(fn, params, key=key, what="learning-rate rule", name=name,
+    kwargs = check_options(fn, params, key=key, what=_lr_rules.what, name=name,
                            exclude=inputs, also=("name",))
     for k in _NONNEG.get(name, ()):
         if k in kwargs:
@@ -123,7 +125,35 @@ def make_lr_rule(spec: str | Mapping[str, Any], key: str = "optimizer.lr_rule") 
             check_float32(f"{key}.{k}", v)
     # Keyed on the function, not the name: a rule registered again (replace=True, or in a
     # Ray worker) takes effect.
-    return _bound(fn, tuple(sorted(kwargs.items())))
+    rule = _bound(fn, tuple(sorted(kwargs.items())))
+    _traced_once(rule, key, name)
+    return rule
+
+
+# What a rule is traced on once, before a run uses it: a float32 base rate, four gradients'
+# staleness and the mean staleness, as the update core passes them (shapes only).
+_PROBE = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.float32),
+          jax.ShapeDtypeStruct((), jnp.float32))
+
+
+@functools.cache
+def _traced_once(rule: LrRule, key: str, name: str) -> None:
+    """Trace ``rule`` on :data:`_PROBE` (``jax.eval_shape``: nothing is computed), so that
+    what it refuses is refused before a run, as every plug-in kind's refusals are: a
+    ``ValueError("<parameter>: ...")`` raised for a parameter's value is a one-line
+    ScenarioError under ``key.<parameter>`` (:func:`asyncsim._registry.call_checked`), any
+    other error of the rule's under ``key``; and rates of another shape than one per
+    gradient (or a scalar) are refused under ``key``."""
+    params = dict(getattr(rule, "keywords", {}))
+    fn = getattr(rule, "func", rule)
+    out = call_checked(lambda **kw: jax.eval_shape(functools.partial(fn, **kw), *_PROBE),
+                       params, key=key, what=_lr_rules.what, name=name,
+                       failure="{whose} cannot be traced (a rule is a JAX function of "
+                               "traced arrays)")
+    if getattr(out, "shape", None) not in ((), (4,)):
+        raise ScenarioError(key, f"learning-rate rule {name!r} returned "
+                            f"{getattr(out, 'shape', out)!r} for the rates of 4 gradients; "
+                            "a rule returns one rate per gradient, or one for all")
 
 
 # Built-in parameters that must be >= 0 (a negative hinge slope divides by zero at some tau,

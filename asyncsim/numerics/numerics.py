@@ -38,6 +38,7 @@ import numpy as np
 
 from asyncsim._registry import path_options
 from asyncsim.config import DataConfig, ModelConfig, OptimizerConfig
+from asyncsim.errors import ScenarioError, first_line
 from asyncsim.numerics.core import CoreState, make_core
 from asyncsim.numerics.data import (
     Dataset,
@@ -247,10 +248,37 @@ def _shared(model: ModelConfig, data: DataConfig, *, seed: int, base_dir: Path |
                                  for k in files) else None
     key = (model.name, repr(sorted(model.options.items())), data.name,
            repr(sorted(data.options.items())), seed, data.batch_size, where)
-    return _recent(_SHARED, key, _SHARED_MAX, lambda: Programs(
-        build_model(model, source=source), build_dataset(data, base_dir, seed=seed,
-                                                         source=source),
-        seed=seed, batch_size=data.batch_size))
+    def make():
+        m = build_model(model, source=source)
+        d = build_dataset(data, base_dir, seed=seed, source=source)
+        check_fits(m, d)
+        return Programs(m, d, seed=seed, batch_size=data.batch_size)
+
+    return _recent(_SHARED, key, _SHARED_MAX, make)
+
+
+def check_fits(model: Model, data: Dataset) -> None:
+    """Refuse, in one line under ``model``, a model that cannot take the data set's examples:
+    its loss does not trace on a batch of them (an input size it was not built for), or the
+    data has more classes than it outputs. Shapes only (``jax.eval_shape``): nothing runs,
+    and the error comes before a run folder holds anything but its start, not as an XLA
+    shape error from inside the first gradient.
+
+    Raises:
+        ScenarioError: under ``model``, naming both and the shapes."""
+    x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), data.x_train.dtype)
+    y = jax.ShapeDtypeStruct((2, *data.y_train.shape[1:]), data.y_train.dtype)
+    whose = f"model {model.name!r} cannot take data set {data.name!r}"
+    try:
+        params = jax.eval_shape(model.init, init_key(0))
+        jax.eval_shape(model.loss, params, x, y)
+    except (TypeError, ValueError) as e:
+        raise ScenarioError("model", f"{whose}: its examples have shape "
+                            f"{tuple(data.x_train.shape[1:])}, the model's input is "
+                            f"{tuple(model.input_shape)} ({first_line(e)})") from None
+    if model.num_classes is not None and data.num_classes > model.num_classes:
+        raise ScenarioError("model", f"{whose}: it has {data.num_classes} "
+                            f"classes, the model outputs {model.num_classes}")
 
 
 def _recent(cache: dict, key, limit: int, make):

@@ -112,7 +112,7 @@ def transform_spec(spec: Mapping[str, Any], key: str = KEY) -> tuple[str, dict[s
             # eps = 0 where it is the alias's own default (lars)
             _RANGES["eps_root" if k == "eps" and d == 0 else k](f"{key}.{k}", v)
     kwargs = check_options(fn, options, key=key, what="optax optimizer", name=name,
-                           noun="option", exclude=("learning_rate",), also=("name",))
+                           exclude=("learning_rate",), also=("name",))
     return name, kwargs
 
 

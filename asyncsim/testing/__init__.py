@@ -2,7 +2,7 @@
 
 Strategies (in the style of ``hypothesis.extra.numpy``) generate valid delay specs, clusters,
 protocols and whole scenarios, small enough that a trace-only simulation of one takes
-milliseconds (:mod:`.strategies`)::
+milliseconds, and learning-rate rules (:mod:`.strategies`)::
 
     from hypothesis import given
     from asyncsim.testing import scenarios
@@ -22,10 +22,12 @@ from asyncsim.testing.strategies import (
     PROTOCOL_KINDS,
     clusters,
     delay_specs,
+    lr_rule_specs,
     plugin_specs,
     protocols,
     scenarios,
 )
 
 __all__ = ["DELAY_DISTS", "FIXED_DELAY_MAX_TAU", "PROTOCOL_KINDS", "TraceInvariantError",
-           "check_trace", "clusters", "delay_specs", "plugin_specs", "protocols", "scenarios"]
+           "check_trace", "clusters", "delay_specs", "lr_rule_specs", "plugin_specs", "protocols",
+           "scenarios"]

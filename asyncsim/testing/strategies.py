@@ -1,5 +1,5 @@
-"""Hypothesis strategies for asyncsim's inputs: delay specs, clusters, protocols, scenarios
-(re-exported by :mod:`asyncsim.testing`)."""
+"""Hypothesis strategies for asyncsim's inputs: delay specs, clusters, protocols, scenarios,
+learning-rate rules (re-exported by :mod:`asyncsim.testing`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from asyncsim.timing.protocols import FixedDelay
 __all__ = [
     "clusters",
     "delay_specs",
+    "lr_rule_specs",
     "plugin_specs",
     "protocols",
     "scenarios",
@@ -158,7 +159,8 @@ def plugin_specs(dist: str, max_mean: float = 10.0) -> st.SearchStrategy[dict[st
     signature (the parameter list asyncsim checks scenarios against): a ``float`` in
     [1e-3, max_mean], an ``int`` in 0..10, a ``bool``; a parameter with a default is
     sometimes left out. Either way only specs :func:`asyncsim.timing.delays.make_delay` accepts
-    and whose model's ``mean`` (when it knows one) is at most ``max_mean`` are drawn; a
+    and whose model's ``mean`` (when it knows one) is at most ``max_mean`` are drawn (a
+    ``mean`` that overflows counts as above it); a
     required parameter of another type (a file path) needs ``spec_strategy``.
     """
     from asyncsim.errors import ScenarioError
@@ -175,9 +177,64 @@ def plugin_specs(dist: str, max_mean: float = 10.0) -> st.SearchStrategy[dict[st
             mean = make_delay(spec).mean
         except ScenarioError:
             return False
+        except ArithmeticError:
+            return False  # a mean too large to compute (math.gamma's OverflowError) is above
         return mean is None or mean <= max_mean
 
     return params.map(lambda p: {"dist": dist, **p}).filter(usable)
+
+
+def lr_rule_specs(names: Sequence[str] | None = None, *, max_param: float = 10.0
+                  ) -> st.SearchStrategy[str | dict[str, Any]]:
+    """Valid ``optimizer.lr_rule`` values, for property tests of learning-rate rules: a rule's
+    name, or a table ``{"name": name, **parameters}``.
+
+    Args:
+        names: rules to draw from (default: every built-in); a plug-in's name (installed or
+            registered) works too.
+        max_param: upper bound of a drawn ``float`` parameter (its lower bound is 0).
+
+    A rule may declare its parameters' strategy: an attribute ``params_strategy``, a
+    function returning a strategy of parameter dicts. Otherwise they are derived from its
+    signature (the keyword parameters after the three inputs, which asyncsim checks
+    scenarios against): a ``float`` in [0, max_param], an ``int`` in 0..10, a ``bool``; a
+    parameter with a default is sometimes left out, and a rule whose parameters all have
+    defaults is sometimes given by its name alone. Only values
+    :func:`asyncsim.numerics.lr_rules.make_lr_rule` accepts are drawn. Evaluate one with
+    :func:`asyncsim.numerics.lr_rules.rate_at_delay` (float64, at a constant delay).
+    """
+    from asyncsim.errors import ScenarioError
+    from asyncsim.numerics.lr_rules import RULE_INPUTS, available_lr_rules, make_lr_rule
+
+    reg = by_group()["asyncsim.lr_rules"]
+    rules = _check_names("names", names if names is not None else reg.builtin_names(),
+                         available_lr_rules())
+    if not max_param >= 0:
+        raise InvalidArgument(f"max_param={max_param!r} must be >= 0")
+
+    def specs(name: str) -> st.SearchStrategy[str | dict[str, Any]]:
+        fn = reg.get(name)
+        inputs = tuple(signature_options(fn)[0])[:len(RULE_INPUTS)]
+        own = getattr(fn, "params_strategy", None)
+        params = (own() if own is not None else
+                  _derived(f"learning-rate rule {name!r}", fn, "params_strategy",
+                           skip=inputs, floats=(0.0, max_param)))
+        tables = params.map(lambda p: {"name": name, **p})
+        return st.one_of(st.just(name), tables) if _all_defaults(fn, inputs) else tables
+
+    def usable(spec: str | dict[str, Any]) -> bool:
+        try:
+            make_lr_rule(spec)
+        except ScenarioError:
+            return False
+        return True
+
+    return st.sampled_from(rules).flatmap(specs).filter(usable)
+
+
+def _all_defaults(fn: Any, skip: tuple[str, ...]) -> bool:
+    params = signature_options(fn)[0]
+    return all(p.default is not p.empty for n, p in params.items() if n not in skip)
 
 
 def _latencies() -> st.SearchStrategy[dict[str, Any]]:

@@ -361,7 +361,8 @@ class Simulation:
 
     # ------------------------------------------------------------------ the PS update
     def apply_update(self, grads: Iterable[tuple]) -> None:
-        """Record one update taking ``grads`` at the current version, then bump the version."""
+        """Record one update taking ``grads`` (at least one: ScenarioError under
+        ``protocol.kind`` for none) at the current version, then bump the version."""
         if self.stopped:
             return
         v = self.version
@@ -381,6 +382,13 @@ class Simulation:
             a_arrive(t_arrive)
             a_tapply(now)
         n = len(cols[0]) - start
+        if not n:
+            # Every update takes a gradient (the trace's n_grads >= 1; the core steps by
+            # their sum): a plug-in's empty update is refused here, in trace-only and full
+            # runs alike, not as a stacking error inside the update core.
+            raise ScenarioError("protocol.kind", f"protocol {self.protocol.kind!r} applied "
+                                "an update without gradients; sim.apply_update takes the "
+                                "update's gradients, at least one")
         u = self._uapp
         u[0](v)
         u[1](now)

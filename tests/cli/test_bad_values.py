@@ -115,6 +115,17 @@ def test_an_mlp_deeper_than_xla_compiles_in_time_is_refused(tmp_path, capsys):
     assert "at most 100 layers, got 5000" in err
 
 
+@pytest.mark.parametrize("model,key,words", [
+    ({"name": "mlp", "hidden": [-1]}, "model.hidden", "positive integers"),
+    ({"name": "mlp", "hidden": [8], "activation": "foo"}, "model.activation", "relu, tanh"),
+])
+def test_a_trace_refuses_the_model_values_a_run_refuses(tmp_path, capsys, model, key, words):
+    """`asyncsim trace` never uses the model, but the scenario is the one a run would take:
+    the [model] table is built when the scenario is checked, so both refuse it alike."""
+    for verb in ("trace", "run"):
+        assert words in _refused(tmp_path, capsys, verb, key, model=model)
+
+
 @pytest.mark.parametrize("data", [{"name": "synthetic-cifar", "batch_size": 8,
                                    "n_train": 1_000_000_000, "n_test": 64},
                                   {"name": "gaussian", "batch_size": 8, "n_train": 10**12}])

@@ -293,7 +293,7 @@ def test_trace_writes_the_run_folder(tmp_path, capsys):
 def test_override_errors_name_the_key(tmp_path, capsys):
     path = write(tmp_path, GOOD)
     assert main(["trace", str(path), "--set", "protocol.q=3"]) == 2
-    assert ("protocol.q: unknown option for protocol 'softsync'; allowed: n"
+    assert ("protocol.q: unknown option for protocol 'softsync'; allowed: kind, n"
             in capsys.readouterr().err)
     # Named by the --set, not by the file (which holds no such line).
     assert main(["trace", str(path), "--set", "novalue"]) == 2

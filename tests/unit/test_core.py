@@ -26,6 +26,8 @@ from asyncsim.numerics.core import (
     param_hash,
     register_lr_rule,
 )
+from asyncsim.numerics.lr_rules import rate_at_delay
+from asyncsim.testing import lr_rule_specs
 
 # The tables come from the registries: a new rule or momentum kind is tested with no edit here.
 BUILTIN_RULES = available_lr_rules()
@@ -577,6 +579,51 @@ def test_user_rule_registration(fresh_registries):
     register_lr_rule("test-halved", halved)
     core = make_core(opt(lr=1.0, rule="test-halved"), num_learners=1)
     assert _rate_at(core, 0) == 0.5
+
+
+@settings(max_examples=60, deadline=None)
+@given(rule=lr_rule_specs(), lr=st.floats(1e-4, 1.0), tau=st.integers(0, 200))
+def test_a_staler_gradient_never_gets_a_larger_rate(rule, lr, tau):
+    """The staleness-aware invariant every built-in rule keeps, at any of its parameters:
+    the rate at delay tau is in [0, lr] and does not grow with tau (float64, as the
+    stability analysis evaluates rules)."""
+    now, later = rate_at_delay(rule, lr, tau), rate_at_delay(rule, lr, tau + 1)
+    assert 0.0 <= later <= now <= lr
+
+
+def test_lr_rule_specs_draw_a_plugin_rules_parameters(fresh_registries):
+    """`lr_rule_specs` draws a plug-in rule's parameters from its signature (a required
+    float: always given; a flag: sometimes), keeping only what make_lr_rule accepts; a rule
+    can declare its own strategy; an unknown name is refused."""
+    from hypothesis.errors import InvalidArgument
+
+    @register_lr_rule("test-floored")
+    def floored(lr, staleness, mean_staleness, *, floor: float, hard: bool = False):
+        if not 0 < floor <= 1:
+            raise ValueError(f"floor: must be in (0, 1], got {floor!r}")
+        return jnp.maximum(lr / jnp.maximum(staleness, 1.0), floor * lr)
+
+    @register_lr_rule("test-own")
+    def own(lr, staleness, mean_staleness, *, k: float = 1.0):
+        return lr / (1.0 + k * staleness)
+
+    own.params_strategy = lambda: st.fixed_dictionaries({"k": st.sampled_from([2.0, 4.0])})
+    drawn = []
+
+    @settings(max_examples=40, deadline=None)
+    @given(lr_rule_specs(["test-floored", "test-own"], max_param=3.0))
+    def draw(spec):
+        drawn.append(spec)
+
+    draw()
+    floors = [d for d in drawn if isinstance(d, dict) and d["name"] == "test-floored"]
+    assert floors and all(0 < d["floor"] <= 1 and set(d) <= {"name", "floor", "hard"}
+                          for d in floors)
+    owns = [d for d in drawn if isinstance(d, dict) and d["name"] == "test-own"]
+    assert owns and all(d["k"] in (2.0, 4.0) for d in owns)
+    assert "test-floored" not in drawn  # its floor has no default: never by name alone
+    with pytest.raises(InvalidArgument, match="names=.*allowed values"):
+        lr_rule_specs(["no-such-rule"]).example()
 
 
 # ----------------------------------------------------------------------------- param_hash

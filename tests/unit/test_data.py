@@ -49,7 +49,7 @@ def test_registry():
     assert {"synthetic-cifar", "cifar10", "gaussian"} <= set(available_datasets())
     with pytest.raises(ValueError, match="allowed: .*cifar10.*synthetic-cifar"):
         get_dataset("mnist", seed=0)
-    with pytest.raises(ValueError, match=r"data.n_trian: unknown option for data "
+    with pytest.raises(ValueError, match=r"data.n_trian: unknown option for data set "
                                          r"'synthetic-cifar'; allowed: name, batch_size, n_train"):
         get_dataset("synthetic-cifar", seed=0, n_trian=5)
     with pytest.raises(ValueError, match="data.n_train: must be a positive integer"):
@@ -75,7 +75,7 @@ def test_registered_factory_options_checked_like_models(fresh_registries):
         return get_dataset("gaussian", seed=seed, n_train=4, n_test=4)
 
     assert get_dataset("plug-fixed", seed=1, size=6).x_train.shape[0] == 6
-    with pytest.raises(ValueError, match=r"data.sise: unknown option for data 'plug-fixed'; "
+    with pytest.raises(ValueError, match=r"data.sise: unknown option for data set 'plug-fixed'; "
                                          r"allowed: name, batch_size, size "
                                          r"\(did you mean 'size'\?\)$"):
         get_dataset("plug-fixed", seed=1, sise=6)

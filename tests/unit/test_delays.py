@@ -207,12 +207,12 @@ INVALID = [
     ("fast", "cluster.compute", ["must be a table"]),
     ({"mean": 1.0}, "cluster.compute.dist", ["missing", "lognormal", "constant"]),
     ({"dist": 3}, "cluster.compute.dist", ["must be a string", "lognormal"]),
-    ({"dist": "gama"}, "cluster.compute.dist", ["unknown distribution 'gama'", "gamma", "normal"]),
+    ({"dist": "gama"}, "cluster.compute.dist", ["unknown delay model 'gama'", "gamma", "normal"]),
     ({"dist": "lognormal", "mean": 1.0}, "cluster.compute.cv", ["missing", "mean, cv"]),
     (
         {"dist": "lognormal", "mean": 1.0, "cv": 0.1, "sigma": 1},
         "cluster.compute.sigma",
-        ["unknown parameter for 'lognormal'; allowed: mean, cv"],
+        ["unknown option for delay model 'lognormal'; allowed: dist, mean, cv"],
     ),
     ({"dist": "exponential", "mean": "1s"}, "cluster.compute.mean", ["finite number", "'1s'"]),
     ({"dist": "exponential", "mean": True}, "cluster.compute.mean", ["finite number"]),
@@ -260,7 +260,7 @@ INVALID = [
     (
         {"dist": "straggler", "base": {"dist": "nope"}, "p": 0.1, "factor": 2},
         "cluster.compute.base.dist",
-        ["unknown distribution", "constant"],
+        ["unknown delay model", "constant"],
     ),
     ({"dist": "empirical", "path": "missing.csv"}, "cluster.compute.path", ["cannot read"]),
     ({"dist": "empirical", "path": 3}, "cluster.compute.path", ["file path"]),
@@ -393,7 +393,7 @@ def test_registered_user_class_gets_the_same_checks(fresh_registries):
     assert m.time_dependent and m.mean is None
     for spec, key, word in [
         ({"dist": "ramp-test"}, "k.slope", "missing"),
-        ({"dist": "ramp-test", "slope": 1, "x": 1}, "k.x", "allowed: slope, floor"),
+        ({"dist": "ramp-test", "slope": 1, "x": 1}, "k.x", "allowed: dist, slope, floor"),
         ({"dist": "ramp-test", "slope": "steep"}, "k.slope", "finite number"),
         ({"dist": "ramp-test", "slope": -1}, "k.slope", "must be >= 0"),
     ]:
@@ -451,7 +451,7 @@ def test_entry_point_plugin(installed_plugin):
     assert err.value.key == "cluster.compute.shape"
     with pytest.raises(ScenarioError) as err:
         make_delay({"dist": "weibull-test", "shap": 2}, key="cluster.compute")
-    assert "allowed: shape, scale" in err.value.message
+    assert "allowed: dist, shape, scale" in err.value.message
 
     # A duck-typed, time-dependent plug-in is wrapped; its checks still name the key.
     d = make_delay({"dist": "diurnal-test", "base": 1.0, "period": 10.0})
@@ -612,6 +612,36 @@ def test_delay_specs_cover_plug_in_models(fresh_registries, data):
     register_delay("needs-text-test")(_NeedsText)
     with pytest.raises(InvalidArgument, match="no strategy for its required parameter 'label'"):
         data.draw(delay_specs(dists=["needs-text-test"]))
+
+
+class _Weibull(DelayModel):
+    """docs/plugins.md's example: its mean overflows math.gamma at a small shape."""
+
+    def __init__(self, shape: float, scale: float = 1.0):
+        self.shape, self.scale = shape, scale
+
+    @classmethod
+    def spec_strategy(cls, max_mean):
+        return st.sampled_from([{"shape": 1e-3}, {"shape": 1.5, "scale": 2.0}])
+
+    def sample(self, rng, learner, now):
+        return self.scale * float(rng.weibull(self.shape))
+
+    @property
+    def mean(self):
+        return self.scale * math.gamma(1.0 + 1.0 / self.shape)
+
+
+@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_mean_too_large_to_compute_is_not_drawn(fresh_registries, data):
+    """A plug-in whose `mean` overflows (math.gamma(1001) at shape 1e-3) is drawn only where
+    the mean is computable and within max_mean, not raised out of the strategy."""
+    from asyncsim.testing import plugin_specs
+
+    register_delay("weibull-doc-test")(_Weibull)
+    spec = data.draw(plugin_specs("weibull-doc-test", 5.0))
+    assert spec == {"dist": "weibull-doc-test", "shape": 1.5, "scale": 2.0}
 
 
 def _plugin_example():

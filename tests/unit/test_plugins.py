@@ -231,7 +231,7 @@ def test_a_plugin_protocol_takes_an_option_from_its_signature(installed_plugin, 
 
 
 @pytest.mark.parametrize("line,key,says", [
-    ("k = 3\nj = 1", "protocol.j", "unknown option for protocol 'every-k-test'; allowed: k"),
+    ("k = 3\nj = 1", "protocol.j", "unknown option for protocol 'every-k-test'; allowed: kind, k"),
     ('k = "3"', "protocol.k", "must be an integer, got '3'"),
     ("k = 0", "protocol.k", "must be >= 1, got 0"),
 ])
@@ -315,3 +315,103 @@ def test_the_ray_transport_registers_through_the_one_rule(fresh_registries):
     protocols.register_protocol("ray-test")(protocols.Hardsync)
     install_registrations([("asyncsim.protocols", "ray-test", Mine)])
     assert protocols.get_protocol_class("ray-test") is Mine and Mine.name == "ray-test"
+
+
+def _misbehaving():
+    """Plug-ins (registered in Python) that break their contract, each used by a tiny
+    scenario: ``(name, what to register, the scenario's changes, the key and the words of
+    its one line, whether trace-only meets it)``."""
+    from pathlib import Path
+
+    from asyncsim.numerics.data import register_dataset  # noqa: F401  (kinds' doors)
+    from asyncsim.numerics.models import get_model, register_model
+
+    def floored(lr, staleness, mean_staleness, *, floor: float = 0.1):
+        if not floor > 0:
+            raise ValueError(f"floor: must be a positive number, got {floor!r}")
+        return jnp.maximum(lr / jnp.maximum(staleness, 1.0), floor * lr)
+
+    def branches(lr, staleness, mean_staleness):
+        return lr if lr > 0 else 0.0 * lr  # Python control flow on a traced rate
+
+    def three_rates(lr, staleness, mean_staleness):
+        return jnp.ones((3,)) * lr
+
+    class NoSuper(protocols.Protocol):
+        def __init__(self, learners, *, k: int = 2):
+            self.k = k
+
+    class Empty(protocols.Async):
+        def on_arrival(self, sim, grad):
+            sim.apply_update([])
+
+    class Short(delays.DelayModel):
+        def sample(self, rng, learner, now):
+            return 1.0
+
+        def sample_block(self, rng, learner, size):
+            return np.ones(size - 1)
+
+    def from_table(*, path: Path):
+        np.loadtxt(path)
+        return get_model("linear", input_shape=[10], num_classes=0)
+
+    rules = core.register_lr_rule
+    return [
+        ("rule refuses", lambda: rules("floored-t", floored),
+         {"optimizer": {"lr_rule": {"name": "floored-t", "floor": -1.0}}},
+         "optimizer.lr_rule.floor", "must be a positive number, got -1.0", True),
+        ("rule not traceable", lambda: rules("branches-t", branches),
+         {"optimizer": {"lr_rule": "branches-t"}},
+         "optimizer.lr_rule", "learning-rate rule 'branches-t' cannot be traced", True),
+        ("rule's shape", lambda: rules("three-t", three_rates),
+         {"optimizer": {"lr_rule": "three-t"}},
+         "optimizer.lr_rule", "returned (3,) for the rates of 4 gradients", True),
+        ("protocol skips its base", lambda: protocols.register_protocol("nosuper-t")(NoSuper),
+         {"protocol": {"kind": "nosuper-t"}},
+         "protocol.kind", "must call super().__init__(learners)", True),
+        ("protocol's empty update", lambda: protocols.register_protocol("empty-t")(Empty),
+         {"protocol": {"kind": "empty-t"}},
+         "protocol.kind", "applied an update without gradients", True),
+        ("delay's short block", lambda: delays.register_delay("short-t")(Short),
+         {"cluster": {"compute": {"dist": "short-t"}}},
+         "cluster.compute", "sample_block returned shape (63,) for learner 0", True),
+        ("model's missing file", lambda: register_model("table-t")(from_table),
+         {"model": {"name": "table-t", "path": "missing.csv"}},
+         "model", "missing.csv", True),
+        ("model's input", lambda: None, {"model": {"name": "linear", "input_shape": [3]}},
+         "model", "cannot take data set 'gaussian': its examples have shape (10,)", False),
+        ("model's classes", lambda: None,
+         {"model": {"name": "mlp", "hidden": [4]},
+          "data": {"name": "synthetic-cifar", "num_classes": 12, "n_train": 64, "n_test": 32}},
+         "model", "it has 12 classes, the model outputs 10", False),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_misbehaving())),
+                         ids=[c[0] for c in _misbehaving()])
+def test_a_plugin_that_breaks_its_contract_stops_in_one_line(fresh_registries, tmp_path,
+                                                             capsys, case):
+    """Every kind's contract is checked where asyncsim meets the plug-in, before or as the
+    run starts: one line naming the file and the key, no folder left behind, from `run`
+    and (where the timing meets it) from `trace` alike."""
+    from asyncsim._io import dump_toml
+
+    _, register, changes, key, says, in_trace = _misbehaving()[case]
+    register()
+    raw = {"seed": 0, "cluster": {"learners": 2},
+           "protocol": {"kind": "async"}, "optimizer": {"lr": 0.01},
+           "model": {"name": "linear", "input_shape": [10], "num_classes": 0},
+           "data": {"name": "gaussian", "n_train": 64, "n_test": 16, "batch_size": 4},
+           "run": {"updates": 4, "eval_every": 0}}
+    for k, v in changes.items():
+        raw[k] = {**raw[k], **v} if k != "model" and k != "data" else v
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml(raw))
+    verbs = ("run", "trace") if in_trace else ("run",)
+    for verb in verbs:
+        out = tmp_path / verb
+        assert main([verb, str(path), "--out", str(out)]) == 2, verb
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"asyncsim: error: {path}: {key}: ") and says in err, err
+        assert "\n" not in err and not out.exists(), verb

@@ -58,8 +58,8 @@ def get_dataset(name: str, *, seed: int, base_dir: str | os.PathLike | None = No
     data set gets as the scenario file's folder (:attr:`asyncsim.config.Scenario.base_dir`),
     and otherwise against the working directory.
     """
-    return build(dataset_factory(name), options, key="data", what="data", name=name,
-                 noun="option", also=("name", "batch_size"), fixed={"seed": seed},
+    return build(dataset_factory(name), options, key="data", what=_registry.what, name=name,
+                 also=("name", "batch_size"), fixed={"seed": seed},
                  reraise=(DataError,), base_dir=base_dir)
 
 

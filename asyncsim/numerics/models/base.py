@@ -152,8 +152,8 @@ def get_model(name: str, **options: Any) -> Model:
     ``model.name`` listing the allowed names) or for an option the factory does not accept
     or rejects (listing the factory's parameters).
     """
-    return build(model_factory(name), options, key="model", what="model", name=name,
-                 noun="option", also=("name",))
+    return build(model_factory(name), options, key="model", what=_registry.what, name=name,
+                 also=("name",))
 
 
 def num_params(params: PyTree) -> int:

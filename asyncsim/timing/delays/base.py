@@ -127,7 +127,7 @@ class DelayModel:
 
 # ----------------------------------------------------------------------------- registry
 _registry: PluginRegistry[type[DelayModel]] = PluginRegistry(
-    ENTRY_POINT_GROUP, "distribution", "dist", adapt=lambda obj, name: _adapt(obj, name))
+    ENTRY_POINT_GROUP, "delay model", "dist", adapt=lambda obj, name: _adapt(obj, name))
 
 
 def register_delay(name: str, *, replace: bool = False) -> Callable[[type], type]:
@@ -224,10 +224,10 @@ def make_delay(
     # The one option checker of every plug-in kind (asyncsim._registry): the __init__
     # signature is the parameter list; ValueError("<param>: ...") names the key.
     kwargs = check_options(cls, {k: v for k, v in spec.items() if k != "dist"}, key=key,
-                           what="", name=name, base_dir=base_dir,
+                           what=_registry.what, name=name, also=("dist",), base_dir=base_dir,
                            nested={DelayModel: ("a delay-model table {dist = ..., ...}",
                                                 _nested)})
-    return call_checked(cls, kwargs, key=key, what="", name=name)
+    return call_checked(cls, kwargs, key=key, what=_registry.what, name=name)
 
 
 def spec_files(spec: Any) -> list[tuple[tuple[str, ...], str]]:
@@ -280,7 +280,8 @@ class DelayStream:
         ScenarioError: (a ValueError) under ``key`` if the model returns a negative, NaN or
             infinite duration (a plug-in bug, or parameters whose draws overflow, e.g. an
             exponential of mean 1e308), reported here rather than as SimPy's "negative
-            delay" deep inside a run.
+            delay" deep inside a run, or a ``sample_block`` that returns another number of
+            draws than it was asked for.
     """
 
     FIRST_BLOCK = 64
@@ -332,10 +333,9 @@ class DelayStream:
         self._size = min(2 * size, self.block)
         block = np.asarray(self.model.sample_block(self.rng, self.learner, size), np.float64)
         if block.shape != (size,):
-            raise ValueError(
-                f"delay model {type(self.model).__name__}.sample_block returned shape "
-                f"{block.shape}, expected ({size},)"
-            )
+            raise ScenarioError(self.key, f"delay model {type(self.model).__name__}'s "
+                                f"sample_block returned shape {block.shape} for learner "
+                                f"{self.learner}; it was asked for ({size},)")
         if self.scale != 1.0:
             block = block * self.scale
         ok = np.isfinite(block) & (block >= 0.0)

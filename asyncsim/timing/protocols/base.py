@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from asyncsim._registry import PluginRegistry, build, check_options, option_defaults
+from asyncsim._registry import PluginRegistry, build, check_options, option_defaults, origin
 from asyncsim.config import ProtocolConfig
 from asyncsim.errors import ScenarioError
 
@@ -62,24 +62,30 @@ def make_protocol(cfg: ProtocolConfig, learners: int) -> Protocol:
 
     Raises:
         ScenarioError: an unknown kind, an unknown, missing or wrong-typed option, a value
-            the protocol refuses; one line naming the key.
+            the protocol refuses, a plug-in whose ``__init__`` skips the base class's;
+            one line naming the key.
     """
     cls = get_protocol_class(cfg.kind)
     try:
-        return build(cls, cfg.options, key="protocol", what="protocol", name=cfg.kind,
-                     noun="option", fixed={"learners": learners})
+        proto = build(cls, cfg.options, key="protocol", what=_registry.what, name=cfg.kind,
+                      also=("kind",), fixed={"learners": learners})
     except ScenarioError as e:
         if e.key == "protocol.learners":
             raise ScenarioError("cluster.learners", e.message, file=e.file) from None
         raise
+    if getattr(proto, "learners", None) != learners:
+        # The base class's state (the default start() runs one loop per learner).
+        raise ScenarioError("protocol.kind", f"protocol {cfg.kind!r} ({origin(cls)}): its "
+                            "__init__ must call super().__init__(learners)")
+    return proto
 
 
 def protocol_options(cfg: ProtocolConfig) -> dict[str, Any]:
     """The options of ``cfg`` with the defaults of its protocol's signature filled in
     (fixed-delay's ``schedule = "round-robin"`` where the file gives none), checked."""
     cls = get_protocol_class(cfg.kind)
-    given = check_options(cls, cfg.options, key="protocol", what="protocol", name=cfg.kind,
-                          noun="option", exclude=("learners",))
+    given = check_options(cls, cfg.options, key="protocol", what=_registry.what,
+                          name=cfg.kind, also=("kind",), exclude=("learners",))
     return {**option_defaults(cls), **given}
 
 
