@@ -96,7 +96,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__version__ = "0.9.4"
+__version__ = "0.10.0"
 
 __all__ = [
     "CoreState",

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
 import stat
 import urllib.error
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -378,7 +379,7 @@ def _label(path: Path, what: str | None) -> str:
 # scenario is a few KiB, a 10^8-gradient trace a few GiB), far below what would exhaust a
 # machine's memory. A larger file is refused before a byte of it is read.
 MAX_BYTES = {"json": 64 * 2**20, "toml": 16 * 2**20, "csv": 4 * 2**30,
-             "parquet": 16 * 2**30, "npz": 16 * 2**30}
+             "parquet": 16 * 2**30, "npz": 16 * 2**30, "tarball": 4 * 2**30}
 
 # What a path that is not a regular file is, for the message.
 _FILE_TYPES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
@@ -457,6 +458,35 @@ def read_parquet(path, **kw):
 
 def read_npz(path, **kw) -> dict[str, np.ndarray]:
     return read(path, "npz", **kw)
+
+
+def array_hash(arrays: Iterable[Any]) -> str:
+    """SHA-256 over, for each array in order, its dtype, its shape and its bytes in C order:
+    equal hashes, equal arrays (:func:`asyncsim.numerics.core.param_hash` of a pytree's
+    leaves; :func:`read_params` checks a folder's params.npz with it)."""
+    h = hashlib.sha256()
+    for leaf in arrays:
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def read_params(folder: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A run folder's ``params.npz`` (its leaves by pytree path, in tree order), checked
+    against the ``param_hash`` its ``summary.json`` records where the run finished: weights
+    edited after the run are a one-line DamagedFile, never read as the run's."""
+    path = Path(folder) / "params.npz"
+    z = read_npz(path, what="the final parameters")
+    summary = Path(folder) / SUMMARY
+    recorded = read_json(summary).get("param_hash") if summary.exists() else None
+    if isinstance(recorded, str):
+        got = array_hash(z.values())
+        if got != recorded:
+            raise DamagedFile(f"{path}: does not match the param_hash summary.json records "
+                              f"({recorded[:12]}…; its arrays hash to {got[:12]}…): the "
+                              f"parameters were changed after the run wrote them; {REDO}")
+    return z
 
 
 def npz_member(path, name: str | None = None, *, what: str | None = None,

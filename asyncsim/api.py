@@ -36,6 +36,7 @@ from asyncsim.drivers.scan import replay_scan
 from asyncsim.drivers.trace_only import TraceResult, simulate, trace_run
 from asyncsim.errors import ScenarioError
 from asyncsim.machine import fact_changes
+from asyncsim.results import read_summary
 from asyncsim.scenario import load_run_scenario, parse_override
 from asyncsim.stability.measure import monitor_for
 from asyncsim.trace import Trace
@@ -131,7 +132,15 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
                             "run.eval_every, run.eval_samples); to change timing, rerun: "
                             f"asyncsim run {run_dir / 'scenario.toml'} {sets}",
                             file="asyncsim replay")
-    trace = Trace.load(run_dir)
+    # The folder's scenario must be the one that recorded its trace (an edited scenario.toml
+    # would otherwise be replayed, and copied into the replay, as if it were).
+    trace = Trace.load(run_dir, learners=recorded_scn.cluster.learners)
+    kind = trace.meta.get("protocol", recorded_scn.protocol.kind)
+    if kind != recorded_scn.protocol.kind:
+        raise runs.RunFolderError(f"{run_dir / runs.SCENARIO_TOML}: protocol.kind = "
+                                  f"{recorded_scn.protocol.kind!r}, but its trace was recorded "
+                                  f"under {kind!r} (trace_meta.json): the folder was edited; "
+                                  "redo the run")
     trace = dataclasses.replace(trace, meta={**trace.meta, "source": str(run_dir)})
     out = out or run_dir / "replay"
     if path == "auto":
@@ -146,7 +155,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     # The source's grouping of same-version gradients (a real run's PS computes them one by
     # one): on a GPU, where "auto" groups them, the replay must group as the source did to
     # replay it bit for bit.
-    source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
+    source = read_summary(run_dir) if runs.is_complete(run_dir) else {}
     if source.get("param_hash") is not None:
         # Read (and so checked) before anything is written: compared with at the end.
         npz_member(run_dir / "params.npz", what="the source run's final parameters")
@@ -193,7 +202,7 @@ def _compare(run_dir: str | Path, summary: Mapping[str, Any], params,
     """:func:`compare_with_source` (``source``: the source's summary, when read already)."""
     run_dir = Path(run_dir)
     if source is None:
-        source = runs.read_summary(run_dir) if runs.is_complete(run_dir) else {}
+        source = read_summary(run_dir) if runs.is_complete(run_dir) else {}
     src_hash = source.get("param_hash")
     if src_hash is None:
         return {"source_param_hash": None, "matches_source": None,

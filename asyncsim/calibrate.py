@@ -14,6 +14,7 @@ from asyncsim._io import save_figure
 from asyncsim.config import to_dict
 from asyncsim.drivers.build import message_bytes
 from asyncsim.machine import fact_changes
+from asyncsim.results import read_summary
 from asyncsim.scenario import load_run_scenario, load_scenario
 from asyncsim.trace import Trace, away_intervals, read_restarts
 
@@ -243,7 +244,7 @@ def _parameters(a: Path, b: Path) -> dict[str, Any]:
     trace, an unfinished run) and, when both are there and differ, ``environment_changes``:
     what the last bits depend on that differs between A's machine and B's
     (:func:`asyncsim.runs.bit_facts`)."""
-    summaries = [runs.read_summary(f) if runs.is_complete(f) else {} for f in (a, b)]
+    summaries = [read_summary(f) if runs.is_complete(f) else {} for f in (a, b)]
     out = {f"param_hash_{t}": s.get("param_hash") for t, s in zip("ab", summaries, strict=True)}
     if None not in out.values() and out["param_hash_a"] != out["param_hash_b"]:
         facts = [runs.bit_facts(runs.read_provenance(f), s)

@@ -40,7 +40,7 @@ from asyncsim._io import (
     npz_member,
     read_csv,
     read_json,
-    read_npz,
+    read_params,
     read_parquet,
 )
 from asyncsim.config import MOMENTUM_KINDS, Scenario
@@ -255,6 +255,14 @@ def checked_fields(record: Mapping[str, Any], fields: Mapping[str, Check],
     return out
 
 
+def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
+    """A run folder's ``summary.json``, each field a reader uses checked
+    (:data:`SUMMARY_FIELDS`); a damaged file or field is a one-line DamagedFile. What a
+    replay, ``asyncsim compare`` and a sweep read of a finished run."""
+    path = Path(folder) / SUMMARY
+    return checked_fields(read_json(path), SUMMARY_FIELDS, path)
+
+
 def _plain_name(name: Any, path: Path, field: str) -> str:
     """A folder name read from a file (a sweep's point, a figure's other sweep): one name,
     never a path that could lead out of the folder it is looked up in."""
@@ -352,8 +360,7 @@ class RunFolder:
 
     @cached_property
     def summary(self) -> dict[str, Any]:
-        path = self.file(SUMMARY)
-        return checked_fields(read_json(path), SUMMARY_FIELDS, path)
+        return read_summary(self.path)
 
     def summary_value(self, name: str) -> Any:
         """``summary.json``'s field ``name``, checked; a missing one is damage too (a figure
@@ -395,8 +402,9 @@ class RunFolder:
     @cached_property
     def params(self) -> dict[str, np.ndarray]:
         """The final parameters (params.npz) as numpy arrays, by pytree path (e.g.
-        ``"['conv1']['w']"``); a trace-only run has none (a one-line DamagedFile)."""
-        return read_npz(self.file("params.npz"), what="the final parameters")
+        ``"['conv1']['w']"``), checked against the summary's param_hash; a trace-only run
+        has none (a one-line DamagedFile)."""
+        return read_params(self.path)
 
     def num_params(self) -> int | None:
         """How many parameters the model has (None: no params.npz, a trace-only run)."""
@@ -438,6 +446,9 @@ class SweepFolder:
         df = checked_table(read_csv(path), {"point": "text", "folder": "text"}, path)
         for name in df["point"]:
             _plain_name(name, path, "point")
+        twice = df["point"][df["point"].duplicated()].tolist()
+        if twice:  # one point's folder would stand for two rows of keys
+            raise damaged(path, f"point {twice[0]} listed twice")
         return df
 
     @property

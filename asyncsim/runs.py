@@ -181,12 +181,6 @@ def resume_folder(folder: str | os.PathLike, *, driver: str = "online") -> Path:
     return folder
 
 
-def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
-    """A folder's ``summary.json``; a damaged one is a one-line
-    :class:`~asyncsim._io.DamagedFile`."""
-    return _io.read_json(Path(folder) / SUMMARY)
-
-
 def profile_suffix(profile: str | None) -> str:
     """``""`` for the default profile, ``"-smoke"`` for ``smoke``: the one rule that names a
     profile's run folders (``runs/NAME-smoke``) apart from the default's (``runs/NAME``)."""
@@ -292,6 +286,11 @@ def prepare_sweep(folder: str | os.PathLike, name: str, *, force: bool = False) 
     write, is refused with or without ``force`` (one line): ``--force`` replaces a sweep
     with a sweep only."""
     folder = Path(folder)
+    nested = _nesting_refusal(folder)
+    if nested is not None:
+        if folder.is_dir() and all(p.name == LOCK for p in folder.iterdir()):
+            discard_unstarted(folder)  # made for this sweep: nothing is left behind
+        raise RunFolderError(f"{folder}: {nested}")
     entries = ([p for p in folder.iterdir() if p.name != LOCK and not p.name.endswith(".tmp")]
                if folder.is_dir() else [])
     if not entries:
@@ -364,18 +363,26 @@ def output_file(path: str | os.PathLike, *, flag: str, verb: str,
     return path
 
 
-def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = False) -> Path:
+def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = False,
+            source: str | os.PathLike | None = None) -> Path:
     """Create (or reopen, with ``resume``) a run folder; refuse to clobber a finished run,
     and never touch a folder that is not a run folder (:func:`is_run_folder`): ``--force``
-    removes a run, not whatever else ``--out`` names. Call it holding the folder's lock
-    (:func:`opened` does both)."""
+    removes a run, not whatever else ``--out`` names. A run folder never lies inside another
+    run's, but for a replay's inside its ``source`` (``RUN/replay``), which it may not hold
+    (:func:`_nesting_refusal`). Call it holding the folder's lock (:func:`opened` does
+    both)."""
     folder = Path(folder)
+    nested = _nesting_refusal(folder, source)
+    if nested is not None:
+        if folder.is_dir() and all(p.name == LOCK for p in folder.iterdir()):
+            discard_unstarted(folder)  # made for this run: nothing is left behind
+        raise RunFolderError(f"{folder}: {nested}")
     if folder.is_dir():
         if is_sweep_folder(folder):
             raise RunFolderError(f"{folder}: a sweep folder; a run writes a folder of its "
                                  "own, and --force replaces a run only: choose another --out")
         # Where the folder is, links followed: a link to a sweep's point is that point.
-        refused = _sweep_refusal(folder.resolve())
+        refused = _sweep_refusal(folder.resolve(), resume=resume)
         if refused is not None:
             if all(p.name == LOCK for p in folder.iterdir()):
                 discard_unstarted(folder)  # made for this run: nothing is left behind
@@ -432,22 +439,53 @@ def sweep_job(sweep: str | os.PathLike) -> Iterator[None]:
                 del _SWEEP_JOBS[key]
 
 
-def _sweep_refusal(real: Path) -> str | None:
+def _nesting_refusal(folder: Path, source: str | os.PathLike | None = None) -> str | None:
+    """Why a run may not write ``folder`` for where it lies, or None: inside another run's
+    folder (whose ``--force`` would remove it, and whose files only its run writes), but
+    for a replay's folder inside its ``source``; or, for a replay, at or around its source
+    (``--force`` would remove the run being replayed). Links are followed."""
+    real = folder.resolve()
+    if source is not None:
+        src = Path(source).resolve()
+        if real == src or real in src.parents:
+            return (f"holds the run being replayed ({source}), which --force would remove: "
+                    "choose another --out")
+    for d in real.parents:
+        if any((d / m).exists() for m in _MARKS if m != SWEEP_INDEX):
+            if source is not None and d == Path(source).resolve():
+                return None
+            return (f"inside the run folder {d}, whose files only its run writes: choose "
+                    "another --out")
+    return None
+
+
+def _sweep_refusal(real: Path, *, resume: bool = False) -> str | None:
     """Why a run may not write the folder ``real`` (links followed) of the sweep folder it
     lies in, or None: a folder there other than a point or shared trace, or a point or
-    shared trace of a sweep that another process is running -- that sweep's to write: a
-    run aimed at it (``--out SWEEP/p003 --force``) would replace a point the sweep has
-    listed, or be overwritten by the sweep when it gets there."""
+    shared trace, unless this process runs that sweep (holds its lock, or runs a job of it:
+    :func:`sweep_job`) or ``resume``-s the point while no other process runs the sweep --
+    the sweep's to write: a run aimed at it (``--out SWEEP/p003
+    --force``) would stand in the index under the point's keys, replace a point the sweep
+    has listed, or be overwritten by the sweep when it gets there."""
     sweep = real.parent
     if not _SWEEP_RUNS.fullmatch(real.name):
         if is_sweep_folder(sweep, besides=real.name):
             return (f"inside the sweep folder {sweep}, where only its points and shared "
                     "traces are written: choose another --out")
         return None
-    if (sweep not in _HELD and sweep not in _SWEEP_JOBS and _held_elsewhere(sweep / LOCK)
+    if (sweep not in _HELD and sweep not in _SWEEP_JOBS
             and is_sweep_folder(sweep, besides=real.name)):
-        return (f"a point of the sweep in {sweep}, which another asyncsim process is "
-                "running; wait for it to finish or choose another --out")
+        if _held_elsewhere(sweep / LOCK):
+            return (f"a point of the sweep in {sweep}, which another asyncsim process is "
+                    "running; wait for it to finish or choose another --out")
+        if resume or not (sweep / SWEEP_INDEX).exists():
+            # The point's own run going on (its scenario.toml is checked); or a folder of
+            # runs named like points with no index naming their keys (a sweep writes its
+            # index before its first point).
+            return None
+        return (f"a point of the sweep in {sweep}, which only its sweep writes (its index "
+                f"names the point's keys): rerun the sweep with --out {sweep}, or choose "
+                "another --out")
     return None
 
 
@@ -575,19 +613,29 @@ def _acquire(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def opened(out: str | os.PathLike | None, *, resume: bool = False,
-           force: bool = False) -> Iterator[Path | None]:
+def opened(out: str | os.PathLike | None, *, resume: bool = False, force: bool = False,
+           source: str | os.PathLike | None = None) -> Iterator[Path | None]:
     """The run folder a driver writes, for the block: locked (:func:`locked`), then
-    :func:`prepare`-d; on a :class:`ScenarioError` (bad input found while running), a folder
-    this run created and left without results is removed (:func:`discard_unstarted`).
-    ``out=None``: no folder (yields None)."""
+    :func:`prepare`-d (``source``: the folder a replay replays); on a
+    :class:`ScenarioError` (bad input found while running), a folder this run created and
+    left without results is removed (:func:`discard_unstarted`). ``out=None``: no folder
+    (yields None). A ``..`` in ``out`` is taken as written (:func:`as_written`), so what
+    ``--force`` removes stays where ``out`` names."""
     if out is None:
         yield None
         return
-    with locked(out) as folder:
-        prepare(folder, resume=resume, force=force)
+    with locked(as_written(out)) as folder:
+        prepare(folder, resume=resume, force=force, source=source)
         with removed_on_scenario_error(folder, resume=resume):
             yield folder
+
+
+def as_written(out: str | os.PathLike) -> Path:
+    """``out`` with its ``..`` taken as written (``RUN/replay/..`` is ``RUN``) where that is
+    where the system's path leads too; through a link (``RUN/link/..``, the parent of the
+    link's target) it is kept as given, for the link checks to refuse."""
+    plain = os.path.normpath(out)
+    return Path(plain if os.path.realpath(plain) == os.path.realpath(out) else out)
 
 
 # What a run writes before its first update: a folder holding only these has no results.
@@ -670,18 +718,24 @@ def bit_facts(prov: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, 
     facts["backend"] = summary.get("backend")
     facts["numerics_revision"] = summary.get("numerics_revision")
     facts.update({pkg: versions.get(pkg) for pkg in _BIT_VERSIONS})
-    for p in prov.get("plugins") or []:
-        if isinstance(p, Mapping) and isinstance(p.get("package"), str):
-            facts[f"plug-in package {p['package']}"] = p.get("version")
+    for p in _plugin_packages(prov):
+        facts[f"plug-in package {p['package']}"] = p.get("version")
     return facts
+
+
+def _plugin_packages(prov: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The entries of a provenance's ``plugins`` that name a package (a folder's record may
+    have been edited: anything else there is skipped, not a traceback)."""
+    plugins = prov.get("plugins")
+    return [p for p in (plugins if isinstance(plugins, list) else [])
+            if isinstance(p, Mapping) and isinstance(p.get("package"), str)]
 
 
 def bit_facts_here(source_prov: Mapping[str, Any], summary: Mapping[str, Any]
                    ) -> dict[str, Any]:
     """:func:`bit_facts` of this process, for the plug-in packages ``source_prov`` names."""
     plugins = [{"package": p["package"], "version": package_version(p["package"])}
-               for p in source_prov.get("plugins") or []
-               if isinstance(p, Mapping) and isinstance(p.get("package"), str)]
+               for p in _plugin_packages(source_prov)]
     here = {**machine_facts(), "plugins": plugins,
             "versions": {pkg: package_version(pkg) for pkg in _BIT_VERSIONS}}
     return bit_facts(here, summary)

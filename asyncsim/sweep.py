@@ -55,6 +55,7 @@ from asyncsim.drivers.trace_only import trace_run
 from asyncsim.drivers.vmapped import hyper_of, replay_vmapped
 from asyncsim.errors import ScenarioError
 from asyncsim.numerics.core import NUMERICS_REVISION
+from asyncsim.results import read_summary
 from asyncsim.scenario import load_scenario, point_scenarios
 from asyncsim.stability.measure import EDGES_CSV, monitor_for, observes_along, sweep_edges
 from asyncsim.timing.protocols import timing_revision
@@ -132,7 +133,7 @@ def run_sweep(scn: Scenario, out: str | Path, *, force: bool = False, progress: 
             ``"exact"``: one loop replay each, bit-identical to the point run alone),
             ``"always"`` as one vmapped program (``"vmapped"``), ``"never"`` exactly.
     """
-    out = Path(out)
+    out = runs.as_written(out)  # `..` as written, as a run's --out (runs.opened)
     # One process runs a sweep folder at a time (a second one is refused in one line); the
     # points' own folders are locked by the drivers that write them.
     with runs.locked(out):
@@ -181,8 +182,12 @@ def _run_sweep(scn, out, force, progress, executor, share_traces, trace_only,
         if executor is None:
             # Locally, refresh the index now and then so figures can be drawn mid-sweep.
             written = time.monotonic()
-            for _, job in jobs:
-                job()
+            for it, job in jobs:
+                try:
+                    job()
+                except ScenarioError as e:  # found while running: say at which point
+                    raise ScenarioError(e.key, f"{e.message} (at point {it['point']}, "
+                                        f"{out / it['point']})", file=e.file) from None
                 if time.monotonic() - written >= INDEX_REFRESH_SECONDS:
                     write_index()
                     written = time.monotonic()
@@ -206,7 +211,7 @@ def _write_index(out: Path, items, by_group, share_traces: bool,
     for it in items:
         folder = out / it["point"]
         complete = runs.is_complete(folder)
-        summary = runs.read_summary(folder) if complete else {}
+        summary = read_summary(folder) if complete else {}
         # A table value (an lr_rule with parameters, a compensation) as its TOML text.
         keys = {k: toml_value(v) if isinstance(v, Mapping) else v
                 for k in names for v in [it["keys"].get(k)]}

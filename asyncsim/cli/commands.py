@@ -14,6 +14,7 @@ from pathlib import Path
 
 from asyncsim import runs
 from asyncsim.errors import ScenarioError
+from asyncsim.results import read_summary
 from asyncsim.scenario import attributed, load_run_scenario, load_scenario
 
 
@@ -255,7 +256,7 @@ def _source_line(summary, run_dir, *, set_by_user: bool) -> str:
     diff = summary.get("max_abs_diff_to_source")
     line = "param_hash differs from the source run's" + (
         f": max |difference| over the parameters {diff:.3g}" if diff is not None else "")
-    diverged = [who for who, s in (("source run", runs.read_summary(run_dir)), ("replay", summary))
+    diverged = [who for who, s in (("source run", read_summary(run_dir)), ("replay", summary))
                 if s.get("diverged")]
     if diverged:
         line += f" (the {' and the '.join(diverged)} diverged: see diverged_at)"

@@ -23,6 +23,7 @@ from asyncsim._checks import choice, integer, positive
 from asyncsim._io import save_figure
 from asyncsim.errors import ScenarioError
 from asyncsim.stability.closed_form import MOMENTUM_KINDS, asymptote, edge_table
+from asyncsim.trace import MAX_LEARNERS
 
 # What the columns are (printed under the table).
 LEGEND = ("closed_form: the largest stable eta*lambda at constant delay tau (P2); "
@@ -38,6 +39,9 @@ def _check(args):
     try:
         for t in args.tau:
             integer("--tau", t, low=0)
+            if args.measure and t >= MAX_LEARNERS:  # P2's tau + 1 workers, simulated
+                raise ScenarioError("--tau", f"--measure simulates tau + 1 workers: at most "
+                                    f"{MAX_LEARNERS - 1}, got {t}")
         for m in args.momentum:
             choice("--momentum", m, MOMENTUM_KINDS, what="kind")
     except ScenarioError as e:

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from asyncsim._io import DamagedFile, atomic, damaged, npz_member, read_npz
+from asyncsim._io import DamagedFile, atomic, damaged, npz_member, read_npz, read_params
 from asyncsim.config import Scenario
 from asyncsim.drivers.folder_scenario import check_resume
 from asyncsim.drivers.metrics import Recorder
@@ -29,6 +29,8 @@ from asyncsim.timing.protocols import protocol_options, timing_revision
 from asyncsim.trace import Trace, check_hash
 
 CKPT = "checkpoint.npz"
+# What to do about a checkpoint that cannot be used.
+_START_OVER = "pass --force to start over"
 
 
 def _flat(tree) -> list[np.ndarray]:
@@ -51,16 +53,36 @@ def save_checkpoint(folder: Path, version: int, state: CoreState, versions: dict
 
 
 def load_checkpoint(folder: Path, template_state: CoreState, template_params):
-    z = read_npz(folder / CKPT, what="the checkpoint")
+    """``(version, state, versions, recorder, extra)`` of ``folder``'s checkpoint, every
+    array of the shape and dtype of its ``template_*`` leaf and the metadata consistent (one
+    loss entry per update before ``version``, the versions held at most ``version``): a
+    checkpoint edited or cut short is a one-line DamagedFile, never a run resumed from
+    something it did not save."""
+    path = folder / CKPT
+    z = read_npz(path, what="the checkpoint")
     meta = json.loads(bytes(z["meta"]).decode())
-    s_def = jax.tree_util.tree_structure(template_state)
-    s_leaves = [z[f"state_{i}"] for i in range(s_def.num_leaves)]
-    state = jax.tree_util.tree_unflatten(s_def, [jax.numpy.asarray(a) for a in s_leaves])
+    version, held, lens = meta["version"], meta["versions"], meta["losses_len"]
+    if not (_count(version) and isinstance(held, list) and all(_count(v) and v <= version
+                                                                for v in held)
+            and isinstance(lens, list) and len(lens) == version
+            and all(_count(n) for n in lens) and sum(lens) == z["losses"].size):
+        raise damaged(path, "its metadata does not fit its update count", _START_OVER)
+
+    def leaves(prefix: str, template) -> list:
+        out = []
+        for i, t in enumerate(jax.tree_util.tree_leaves(template)):
+            a = z[f"{prefix}_{i}"]
+            if a.shape != np.shape(t) or a.dtype != np.asarray(t).dtype:
+                raise damaged(path, f"{prefix}_{i} is {a.dtype}{list(a.shape)}, the run's "
+                              f"{np.asarray(t).dtype}{list(np.shape(t))}", _START_OVER)
+            out.append(jax.numpy.asarray(a))
+        return out
+
+    state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template_state),
+                                         leaves("state", template_state))
     p_def = jax.tree_util.tree_structure(template_params)
-    versions = {}
-    for v in meta["versions"]:
-        leaves = [jax.numpy.asarray(z[f"v{v}_{i}"]) for i in range(p_def.num_leaves)]
-        versions[v] = jax.tree_util.tree_unflatten(p_def, leaves)
+    versions = {v: jax.tree_util.tree_unflatten(p_def, leaves(f"v{v}", template_params))
+                for v in held}
     flat = z["losses"]
     rec = Recorder()
     pos = 0
@@ -71,8 +93,8 @@ def load_checkpoint(folder: Path, template_state: CoreState, template_params):
     return meta["version"], state, versions, rec, meta["extra"]
 
 
-# What to do about a checkpoint that cannot be used.
-_START_OVER = "pass --force to start over"
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def checkpoint_meta(folder: Path) -> dict[str, Any]:
@@ -145,6 +167,6 @@ def save_params(folder: Path, params) -> None:
 def load_params(folder: str | Path, template):
     """The final parameters of a run folder, in the structure of ``template``."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(template)
-    z = read_npz(Path(folder) / "params.npz", what="the final parameters")
+    z = read_params(folder)
     leaves = [jax.numpy.asarray(z[jax.tree_util.keystr(p)]) for p, _ in flat]
     return jax.tree_util.tree_unflatten(treedef, leaves)

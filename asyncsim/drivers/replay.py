@@ -143,7 +143,7 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
     check_learners(scn, trace)
     check_memory(need["versions"], trace, need["bytes"] + (batched.bytes if batched else 0),
                  max_memory)
-    with runs.opened(out, force=force) as folder:
+    with runs.opened(out, force=force, source=trace.meta.get("source")) as folder:
         start_folder(folder, scn, replay_of=trace.meta.get("source"))
         t0 = time.perf_counter()
         driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), monitor=monitor,

@@ -64,14 +64,13 @@ References:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from asyncsim._io import array_hash
 from asyncsim.config import (
     MOMENTUM_KINDS,
     MOMENTUM_STYLES,
@@ -296,12 +295,7 @@ def param_hash(params: PyTree) -> str:
     order. Equal values of the same dtypes and shapes give equal hashes on any platform of
     the same endianness; a one-ulp change in any element changes the hash.
     """
-    h = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(params):
-        a = np.ascontiguousarray(np.asarray(leaf))
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+    return array_hash(jax.tree_util.tree_leaves(params))
 
 
 def as_optax(core: UpdateCore):

@@ -15,6 +15,7 @@ from asyncsim.config import (
     FLOAT32_MAX,
     NOMINAL_NEEDS,
     SWEEP_PATHS,
+    ModelConfig,
     Scenario,
     check_float32,
     check_momentum_kind,
@@ -151,16 +152,19 @@ def _check_measure(scn: Scenario) -> None:
 def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
     """Model/data names against their registries; options against the factory signature
     (the one option checker, :func:`asyncsim._registry.check_options`). A model is also
-    built (a factory makes functions, in well under a millisecond for the built-ins), so
-    the values it refuses are refused here, and by ``asyncsim trace``, which never uses
-    it; a data set is not (its factory makes the data)."""
+    built, its parameters' shapes counted against the machine's memory (once per [model]
+    table: a factory makes functions, the count traces its init, 10-110 ms for the
+    built-ins), so the values it refuses are refused here, for every point of a sweep
+    before any runs, and by ``asyncsim trace``, which never uses it; a data set is not
+    (its factory makes the data)."""
     from asyncsim.numerics.data import dataset_factory  # see check
-    from asyncsim.numerics.models import get_model, model_factory
+    from asyncsim.numerics.models import model_factory
+    from asyncsim.numerics.parts import build_model
 
     if section == "model":
         key = (model_factory(name), repr(sorted(options.items())))
         if key not in _BUILT_MODELS:
-            get_model(name, **options)
+            build_model(ModelConfig(name, dict(options)))  # its memory checked too
             _BUILT_MODELS.add(key)
         return
     # a data set's factory gets the scenario's seed from asyncsim

@@ -217,13 +217,15 @@ def load_scenario(
     # The profiles not selected are checked too, on the file as written (from a copy:
     # resolving changes tables in place).
     others = _other_profiles(raw, profile) if validate else []
-    pristine = copy.deepcopy(raw) if others else raw
+    pristine = copy.deepcopy(raw) if others else {"profiles": copy.deepcopy(raw.get("profiles"))}
     try:
         raw = resolve_raw(raw, profile=profile, overrides=overrides, seed=seed)
         scn = _resolved_scenario(raw, bdir, validate)
     except ScenarioError as e:
         if seed is not None and e.key == "seed":
             e = e.with_file(f"--seed {seed}")  # the seed given applies after every --set
+        if profile not in (None, "default"):
+            e = _set_by_profile(e, profile, pristine) or e
         raise attributed(e, file, overrides) from None
     for other in others:
         try:
@@ -257,15 +259,25 @@ def _other_profiles(raw: Mapping[str, Any], profile: str | None) -> list[str | N
     return [n for n in names if n != (None if profile == "default" else profile)]
 
 
-def _in_profile(e: ScenarioError, name: str | None, raw: Mapping[str, Any]) -> ScenarioError:
-    """``e`` of profile ``name`` (None: the default) under the profile's key if it sets it."""
-    table = raw.get("profiles", {}).get(name) if name else None
+def _set_by_profile(e: ScenarioError, name: str | None,
+                    raw: Mapping[str, Any]) -> ScenarioError | None:
+    """``e`` under the key of profile ``name`` (``profiles.smoke.run.updatez``) if that
+    profile's table sets ``e``'s key, else None."""
+    profiles = raw.get("profiles")
+    table = profiles.get(name) if name and isinstance(profiles, Mapping) else None
     if isinstance(table, Mapping) and any(
             e.key == k or e.key.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{e.key}.")
             for k in flatten(table)):
         return ScenarioError(f"profiles.{name}.{e.key}", e.message)
+    return None
+
+
+def _in_profile(e: ScenarioError, name: str | None, raw: Mapping[str, Any]) -> ScenarioError:
+    """``e`` of profile ``name`` (None: the default) under the profile's key if it sets it,
+    else said to be found in that profile."""
     where = f"profile {name!r}" if name else "the default profile (no --profile)"
-    return ScenarioError(e.key, f"{e.message} (in {where})")
+    return (_set_by_profile(e, name, raw)
+            or ScenarioError(e.key, f"{e.message} (in {where})"))
 
 
 def attributed(e: ScenarioError, file: str | None,

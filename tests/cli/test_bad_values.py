@@ -242,3 +242,71 @@ def test_an_integer_beyond_float_range_for_a_number_is_one_line(tmp_path, capsys
     err = _refused(tmp_path, capsys, "trace", "optimizer.lr", optimizer={"lr": 10**400},
                    run=TRACE)
     assert "must be a number, got an integer of 401 digits, beyond float range" in err
+
+
+# ----------------------------------------------------------------------------- 8. files and sets
+def test_files_a_scenario_names_are_read_as_what_they_should_be(tmp_path, capsys):
+    """An empirical CSV with a field beyond csv's limit, or not UTF-8, was a traceback; a
+    CIFAR10 path at a FIFO hung, at /dev/zero spun forever: one line each."""
+    big = tmp_path / "big.csv"
+    big.write_text("d\n" + "1" * 200_000 + "\n")
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("d\n1.0\n\xe9\n".encode("latin-1"))
+    for csv_file in (big, latin):
+        err = _refused(tmp_path, capsys, "trace", "cluster.compute.path",
+                       cluster={"learners": 2, "compute": {"dist": "empirical",
+                                                           "path": str(csv_file)}})
+        assert f"{str(csv_file)!r} is not a CSV file of UTF-8 text" in err
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        err = _refused(tmp_path, capsys, "run", "data",
+                       data={"name": "cifar10", "path": str(path), "batch_size": 4})
+        assert f"{path}: not a regular file" in err
+
+
+@pytest.mark.parametrize("item,says", [
+    ("optimizer.lr=0.1\n[cluster]\nlearners=0", "optimizer.lr: one value only: give each key "
+     "its own --set (the value went on to set cluster)"),
+    ("optimizer..lr=1", "optimizer..lr: must be a dotted key"),
+    ('"optimizer.lr"=1', '"optimizer.lr": must be a dotted key'),
+    ('sweep."protocol.n=[1]', 'sweep."protocol.n: must be a dotted key'),
+])
+def test_a_set_is_one_key_and_one_value(tmp_path, capsys, item, says):
+    """A --set whose value went on over lines set other tables, silently dropped; a key
+    with quotes or an empty part was blamed on the scenario file."""
+    path = _scenario(tmp_path)
+    assert main(["trace", str(path), "--out", str(tmp_path / "out"), "--set", item]) == 2
+    assert f"asyncsim: error: --set: {says}" in _one_line(capsys)
+    assert not (tmp_path / "out").exists()
+    # An array may still span lines.
+    assert main(["trace", str(path), "--out", str(tmp_path / "ok"), "--quiet",
+                 "--set", "sweep.seed=[1,\n 2]"]) == 0
+
+
+def test_a_sweep_says_at_which_point_a_run_stopped(tmp_path, capsys):
+    """A value only a run can find wrong (times that overflow) stops the sweep in one line
+    naming the point; the points before it are complete, and its index lists them once."""
+    from asyncsim import open_sweep
+
+    path = _scenario(tmp_path, run={"updates": 10}, sweep={"cluster.compute": [
+        {"dist": "constant", "value": 1.0}, {"dist": "constant", "value": 1e308}]})
+    out = tmp_path / "sw"
+    assert main(["trace", str(path), "--out", str(out), "--quiet"]) == 2
+    assert f"(at point p001, {out / 'p001'})" in _one_line(capsys)
+    assert list(open_sweep(out).table["point"]) == ["p000"]
+    index = (out / "index.csv").read_text().splitlines()
+    (out / "index.csv").write_text("\n".join([*index, index[1]]) + "\n")  # p000 twice
+    with pytest.raises(ValueError, match="index.csv: damaged \\(point p000 listed twice"):
+        _ = open_sweep(out).table
+
+
+def test_errors_name_the_key_that_set_the_value(tmp_path, capsys):
+    """A bad key of the selected profile was named as the file's own (`run.updatez`), and
+    `stability --tau` beyond the workers --measure can simulate as `cluster.learners`."""
+    path = _scenario(tmp_path, profiles={"smoke": {"run": {"updatez": 3}}})
+    assert main(["trace", str(path), "--profile", "smoke", "--out", str(tmp_path / "o")]) == 2
+    assert f"{path}: profiles.smoke.run.updatez: unknown key" in _one_line(capsys)
+    assert main(["stability", "--tau", "100000", "--measure"]) == 2
+    assert ("asyncsim stability: --tau: --measure simulates tau + 1 workers: at most 99999, "
+            "got 100000") in _one_line(capsys)

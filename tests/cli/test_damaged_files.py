@@ -113,3 +113,122 @@ def test_a_half_eval_csv_is_refused_not_plotted(tmp_path):
     Path(tmp_path / "empty.csv").write_text("")
     with pytest.raises(DamagedFile, match="empty.csv: empty"):
         read_csv(tmp_path / "empty.csv")
+
+
+def _npz_edit(path: Path, edit) -> None:
+    """Rewrite an npz archive with ``edit(arrays)`` applied: a well-formed file with
+    other contents."""
+    import numpy as np
+
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    edit(arrays)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _meta_edit(**changes):
+    """An edit of a checkpoint's metadata (a JSON document stored as bytes)."""
+    import json
+
+    import numpy as np
+
+    def edit(arrays):
+        meta = json.loads(bytes(arrays["meta"]).decode())
+        for k, v in changes.items():
+            meta[k] = v(meta[k]) if callable(v) else v
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+
+    return edit
+
+
+def _json_edit(name: str, **changes):
+    def edit(folder: Path):
+        import json
+
+        d = json.loads((folder / name).read_text())
+        for k, v in changes.items():
+            if v is _DROP:
+                d.pop(k, None)
+            else:
+                d[k] = v
+        (folder / name).write_text(json.dumps(d))
+    return edit
+
+
+_DROP = object()
+
+
+def _untraced_learner(folder: Path):
+    """A learner id changed in the trace, and the hashes it is checked against deleted."""
+    import pandas as pd
+
+    grads = pd.read_parquet(folder / "trace_grads.parquet")
+    grads.loc[0, "learner"] = 1 - grads.loc[0, "learner"]
+    grads.to_parquet(folder / "trace_grads.parquet")
+    for name in ("trace_meta.json", "summary.json"):
+        _json_edit(name, trace_hash=_DROP)(folder)
+
+
+# Well-formed files whose contents were edited: (folder, the edit, the command, what the
+# one line names). Each was accepted, or a traceback, until the reader checked it.
+EDITED = {
+    "params with NaN weights": ("complete", lambda f: _npz_edit(
+        f / "params.npz", lambda a: [a.__setitem__(k, a[k] * float("nan")) for k in a]),
+        "open_run", "params.npz: does not match the param_hash"),
+    "trace edited, its hashes deleted": ("complete", _untraced_learner, "replay",
+                                         "trace_meta.json: damaged (no trace_hash"),
+    "summary param_hash a number": ("complete", _json_edit("summary.json", param_hash=5),
+                                    "replay", "summary.json: damaged (param_hash"),
+    "provenance plugins a number": ("complete", lambda f: (
+        _json_edit("provenance.json", plugins=5)(f),
+        _json_edit("summary.json", param_hash="0" * 64)(f)), "compare", None),
+    "scenario learners edited": ("complete", lambda f: (f / "scenario.toml").write_text(
+        (f / "scenario.toml").read_text().replace("learners = 3", "learners = 4")), "replay",
+        "but the run's scenario has cluster.learners = 4"),
+    "checkpoint from the future": ("unfinished", lambda f: _npz_edit(
+        f / "checkpoint.npz", _meta_edit(version=99999)), "resume",
+        "checkpoint.npz: damaged (its metadata does not fit its update count"),
+    "checkpoint losses cut": ("unfinished", lambda f: _npz_edit(
+        f / "checkpoint.npz", lambda a: a.__setitem__("losses", a["losses"][:-3])), "resume",
+        "checkpoint.npz: damaged (its metadata does not fit its update count"),
+    "checkpoint state of another shape": ("unfinished", lambda f: _npz_edit(
+        f / "checkpoint.npz", lambda a: a.__setitem__("state_0", a["state_0"][..., :1])),
+        "resume", "checkpoint.npz: damaged (state_0 is"),
+}
+
+
+@pytest.mark.parametrize("case", list(EDITED))
+def test_an_edited_file_is_one_line_and_leaves_nothing(pristine, tmp_path, capsys, case):
+    """A run folder from anyone: a file edited into another well-formed one (weights, a
+    trace with its hashes deleted, a summary's field, a scenario that contradicts its
+    trace, a checkpoint's metadata or arrays) is refused in one line naming it, with
+    nothing written, or (what is only reported, a provenance record) read without a
+    traceback."""
+    from asyncsim import open_run
+
+    which, edit, verb, says = EDITED[case]
+    complete, unfinished = pristine
+    folder = tmp_path / "run"
+    shutil.copytree(complete if which == "complete" else unfinished, folder)
+    edit(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    out = tmp_path / "out"
+    if verb == "open_run":
+        with pytest.raises(DamagedFile, match="does not match the param_hash"):
+            _ = open_run(folder).params
+        return
+    args = {"replay": ["replay", str(folder), "--out", str(out), "--quiet"],
+            "resume": ["run", "--resume", str(folder), "--quiet", "--no-figure"],
+            "compare": ["compare", str(folder), str(complete)]}[verb]
+    capsys.readouterr()
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if says is None:  # compared and reported: the parameters differ
+        assert rc in (0, 1) and not err, err
+        return
+    assert rc == 2 and err.startswith("asyncsim: error: ") and err.count("\n") == 1, err
+    assert says in err, err
+    assert not out.exists()
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,9 @@ def test_a_sweep_goes_on_only_in_a_sweep_folder_of_its_own_scenario(tmp_path, ca
     # first point, makes the folder another's.
     single = tmp_path / "c.toml"
     single.write_text(dump_toml({**TINY, "name": "c", "run": {"updates": 20}}))
-    assert main(["trace", str(single), "--out", str(out / "p001"), "--quiet", "--force"]) == 0
+    assert main(["trace", str(single), "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    shutil.rmtree(out / "p001")
+    shutil.copytree(tmp_path / "c", out / "p001")  # a run folder moved in by hand
     assert main(["trace", str(b), "--out", str(out), "--quiet"]) == 2
     assert "holds runs of scenario 'c', not 'b'" in _one_line(capsys)
     killed = tmp_path / "killed"
@@ -134,7 +137,6 @@ def test_a_point_of_a_sweep_another_process_runs_is_the_sweeps(tmp_path, capsys)
     # its points used to replace a point the sweep had listed (--force), or to be
     # overwritten when the sweep got there. A job of that sweep (a Ray task: another
     # process than the sweep's) still writes its points.
-    import shutil
     import subprocess
     import sys
 
@@ -178,9 +180,17 @@ def test_a_point_of_a_sweep_another_process_runs_is_the_sweeps(tmp_path, capsys)
     finally:
         holder.kill()
         holder.wait()
-    # The sweep gone, a point may be rerun on its own again.
+    # The sweep stopped, its points are still its own: a run there would stand in the index
+    # under the point's keys (asyncsim show, open_sweep), so it is refused.
     assert main(["trace", str(sweep_scn), "--out", str(sweep), "--quiet", "--force"]) == 0
-    assert main(["trace", str(single), "--out", str(sweep / "p001"), "--quiet", "--force"]) == 0
+    before = _digest(sweep)
+    for out in (sweep / "p001", sweep / "p007", link):
+        assert main(["trace", str(single), "--out", str(out), "--quiet", "--force"]) == 2
+        said = _one_line(capsys).strip().removeprefix("asyncsim: error: ")
+        assert said == (f"{out}: a point of the sweep in {sweep}, which only its sweep "
+                        f"writes (its index names the point's keys): rerun the sweep with "
+                        f"--out {sweep}, or choose another --out")
+    assert _digest(sweep) == before
 
 
 def test_a_sweep_never_writes_beside_what_it_did_not_write(tmp_path, capsys):
@@ -294,3 +304,37 @@ def test_figure_files_of_compare_stability_and_figures(two_runs, tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "f"]
     assert main(["compare", str(a), str(b), "--figure", str(tmp_path / "s.pdf")]) == 0
     assert (tmp_path / "s.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_a_run_folder_never_lies_inside_another_run_or_around_what_it_replays(tmp_path,
+                                                                               capsys):
+    """A run inside another run's folder (`--out RUN/sub`), or a sweep there, would be
+    removed by that run's --force; a replay at or around its source (`replay R --out R
+    --force`) removed the run it was replaying; a `..` in --out (`RUN/replay/..`) left a
+    half-removed folder. Each is refused in one line and leaves nothing, or means the folder
+    as written; a replay still writes inside its source (RUN/replay)."""
+    scn = tmp_path / "s.toml"
+    scn.write_text(dump_toml({**TINY, "run": {"updates": 8}}))
+    sweep = _sweep_file(tmp_path, "sw", [1, 2])
+    run = tmp_path / "run"
+    assert main(["run", str(scn), "--out", str(run), "--quiet", "--no-figure"]) == 0
+    assert main(["replay", str(run), "--quiet"]) == 0  # RUN/replay: the replay's own place
+    before = _digest(run)
+    for verb, what, out in (("run", scn, run / "sub"), ("trace", scn, run / "replay" / "x"),
+                            ("trace", sweep, run / "sweep")):
+        assert main([verb, str(what), "--out", str(out), "--quiet"]) == 2
+        home = run / "replay" if "replay" in out.parts else run
+        assert (f"{out}: inside the run folder {home}, whose files only its run writes: "
+                "choose another --out") in _one_line(capsys)
+        assert not out.exists()
+    for out in (run, tmp_path):
+        assert main(["replay", str(run), "--out", str(out), "--force", "--quiet"]) == 2
+        assert (f"{out}: holds the run being replayed ({run}), which --force would remove"
+                in _one_line(capsys))
+    assert _digest(run) == before
+    # `..` as written: RUN/replay/.. is RUN, redone whole by --force (its replay with it).
+    dotted = run / "replay" / ".."
+    assert main(["trace", str(scn), "--out", str(dotted), "--quiet", "--force"]) == 0
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        ["provenance.json", "scenario.toml", "summary.json", "trace_grads.parquet",
+         "trace_meta.json", "trace_updates.parquet"])

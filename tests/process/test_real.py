@@ -40,7 +40,7 @@ from asyncsim.drivers.real import (  # noqa: E402
 from asyncsim.drivers.real.run import numerics_env  # noqa: E402
 from asyncsim.machine import thread_counts  # noqa: E402
 from asyncsim.numerics import core  # noqa: E402
-from asyncsim.results import SUMMARY_FIELDS, RunFolder  # noqa: E402
+from asyncsim.results import SUMMARY_FIELDS, RunFolder, read_summary  # noqa: E402
 from asyncsim.scenario import load_scenario  # noqa: E402
 from asyncsim.sweep import run_sweep  # noqa: E402
 from asyncsim.testing import check_trace  # noqa: E402
@@ -107,7 +107,7 @@ def test_real_async_run_trace_and_folder(async_run):
               "provenance.json", "params.npz", "restarts.csv"):
         assert (out / f).exists(), f
     assert not (out / "checkpoint.npz").exists()
-    saved = runs.read_summary(out)
+    saved = read_summary(out)
     assert saved["kind"] == "real" and saved["trace_hash"] == trace.hash()
     # Every field of a real run's summary is one the run-folder reader checks, and passes.
     assert set(saved) <= set(SUMMARY_FIELDS) and RunFolder(out).summary["restarts"] == 0

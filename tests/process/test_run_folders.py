@@ -25,6 +25,7 @@ from conftest import DieAt, Killed
 from asyncsim import runs
 from asyncsim._io import dump_toml
 from asyncsim.cli import main
+from asyncsim.results import read_summary
 
 # conftest's tiny scenario as a file: a 16-unit MLP on 256 synthetic images, 3 async
 # learners, 30 updates.
@@ -513,7 +514,7 @@ def test_resume_takes_the_command_that_started_the_run_and_nothing_else(tmp_path
     # The command that started it, given again with --resume: continued to the end.
     assert main(["run", str(path), "--out", str(out), "--resume", str(out), "--quiet",
                  "--no-figure"]) == 0
-    assert runs.read_summary(out)["updates"] == 30
+    assert read_summary(out)["updates"] == 30
     afile = _write(tmp_path / "taken", "not a folder")
     assert main(["run", str(path), "--out", str(afile), "--quiet"]) == 2
     assert f"{afile}: cannot be a run folder" in _one_line_error(capsys)

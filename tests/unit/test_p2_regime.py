@@ -174,7 +174,7 @@ def test_torch_style_runs_through_every_executor(tmp_path):
     through replay (bit for bit), the compiled scan, the vmapped sweep and a checkpoint."""
     from asyncsim.cli import main
     from asyncsim.drivers.scan import replay_scan
-    from asyncsim.runs import read_summary
+    from asyncsim.results import read_summary
 
     raw = merged(TINY, optimizer={"lr": 0.02, "momentum": {
         "kind": "shifted", "beta": 0.9, "style": "torch", "dampening": 0.5}},
@@ -210,7 +210,9 @@ def test_torch_style_runs_through_every_executor(tmp_path):
     for v in range(3):
         state, _ = num.update(state, {0: num.init_params()}, v, [(v, 0, 0, v)])
     assert np.asarray(state.started).tolist() == [True, True, True]
-    save_checkpoint(tmp_path, 3, state, {}, Recorder(), {})
+    rec = Recorder()
+    rec.losses = [np.zeros(1, np.float32)] * 3  # one entry per update, as a run records
+    save_checkpoint(tmp_path, 3, state, {}, rec, {})
     _, back, _, _, _ = load_checkpoint(tmp_path, num.init_state(), num.init_params())
     for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(state),
                     strict=True):

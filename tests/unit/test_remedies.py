@@ -571,7 +571,9 @@ def test_checkpoint_round_trip_of_a_state_with_opt_state_and_comp(tmp_path):
         state, _ = num.update(state, versions, v, rows)
         versions[v + 1] = state.params
     assert leaves(state.opt_state) and leaves(state.comp)
-    save_checkpoint(tmp_path, 4, state, {3: versions[3], 4: versions[4]}, Recorder(),
+    rec = Recorder()
+    rec.losses = [np.zeros(2, np.float32)] * 4  # one entry per update, as a run records
+    save_checkpoint(tmp_path, 4, state, {3: versions[3], 4: versions[4]}, rec,
                     {"note": "x"})
     template = num.init_state()
     version, back, kept, _, extra = load_checkpoint(tmp_path, template, template.params)

@@ -235,6 +235,11 @@ def test_the_hash_is_checked_against_each_record(folders, tmp_path):
     _with(run_dir / "summary.json", trace_hash=17)
     with pytest.raises(DamagedFile, match="trace_hash in summary.json is 17; allowed: a SHA"):
         Trace.load(run_dir)
+    # Neither record: nothing to check the tables against (an edit with its hashes deleted).
+    _with(run_dir / "summary.json", trace_hash=None)
+    with pytest.raises(DamagedFile, match="trace_meta.json: damaged \\(no trace_hash here or "
+                                          "in summary.json"):
+        Trace.load(run_dir)
     # Re-encoded by pandas, column for column: the same trace.
     run_dir = _copy(folders["trace"], tmp_path / "again")
     df = pd.read_parquet(run_dir / "trace_grads.parquet")

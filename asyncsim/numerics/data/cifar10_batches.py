@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from asyncsim._io import DamagedFile, regular_file
+
 
 class CifarFileError(ValueError):
     """A CIFAR10 file that cannot be used; the message is one line naming it."""
@@ -165,6 +167,10 @@ def _read_batches(source: Path) -> dict[str, dict]:
                 raise CifarFileError(f"cannot read CIFAR10 batch {f}: {err}") from None
             out[name] = _unpickle(raw, str(f))
         return out
+    try:
+        regular_file(source, "tarball")  # not a FIFO (opening it blocks), not /dev/zero
+    except DamagedFile as err:
+        raise CifarFileError(str(err)) from None
     try:
         with tarfile.open(source, "r:*") as tar:
             members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}

@@ -15,6 +15,7 @@ import numpy as np
 
 from asyncsim._checks import nonneg, positive
 from asyncsim._io import DamagedFile, regular_file
+from asyncsim.errors import first_line
 from asyncsim.timing.delays.base import DelayModel, make_delay, register_delay
 
 # Above 100 the shapes degenerate numerically (gamma shape < 1e-4 draws mostly zeros).
@@ -331,6 +332,9 @@ class Empirical(DelayModel):
             raise ValueError(f"path: {e}") from None
         except OSError as e:
             raise ValueError(f"path: cannot read {str(path)!r}: {e.strerror or e}") from e
+        except (csv.Error, UnicodeDecodeError) as e:  # a field over csv's limit, not UTF-8
+            raise ValueError(f"path: {str(path)!r} is not a CSV file of UTF-8 text: "
+                             f"{first_line(e)}") from None
         if column is None:
             if len(columns) != 1:
                 raise ValueError(
