@@ -396,10 +396,10 @@ def call_checked(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, key: str,
     checks of :mod:`asyncsim._checks` do) and the error is reported under ``key.option``; a
     ScenarioError it raises with a relative key is nested under ``key``; any other
     ValueError/TypeError is reported under ``key`` itself (``failure``, its ``{whose}``
-    the plug-in, then the error's first line); an OSError naming a file is reported under the option
-    that gave that path. ``reraise`` passes exceptions through unchanged (a data set's
-    DataError, which says what file is missing).
-    """
+    the plug-in, then the error's first line); a file that cannot be opened (not there, a
+    folder, no permission) is reported under the option that gave its path. ``reraise``
+    passes exceptions through unchanged (a data set's DataError, which says what file is
+    missing)."""
     try:
         return fn(**kwargs)
     except reraise:
@@ -413,14 +413,16 @@ def call_checked(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, key: str,
             raise ScenarioError(_join(key, option), first_line(message)) from e
         raise ScenarioError(key, f"{failure.format(whose=f'{what} {name!r}')}: "
                             f"{first_line(e)}") from e
-    except OSError as e:
-        # A file option the plug-in could not read (asyncsim checks paths' form, not that
-        # the file is there: a data set may download into its path).
-        given = [k for k, v in kwargs.items() if e.filename is not None
-                 and isinstance(v, str | os.PathLike) and os.fspath(v) == os.fspath(e.filename)]
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        # A file option the plug-in could not open (asyncsim checks paths' form, not that
+        # the file is there: a data set may download into its path). Other OSErrors (a full
+        # disk, a network's) are not the scenario's and pass through.
+        name = None if e.filename is None else os.fspath(e.filename)
+        given = [k for k, v in kwargs.items()
+                 if name is not None and isinstance(v, str | os.PathLike) and os.fspath(v) == name]
         raise ScenarioError(_join(key, given[0]) if given else key,
-                            f"cannot read {os.fspath(e.filename)!r}: {e.strerror}"
-                            if e.filename is not None else first_line(e)) from e
+                            f"cannot read {name!r}: {e.strerror or first_line(e)}"
+                            if name is not None else first_line(e)) from e
 
 
 def build(fn: Callable[..., Any], options: Mapping[str, Any], *, key: str, what: str,

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from asyncsim import runs
-from asyncsim._io import npz_member
+from asyncsim._io import TRACE_META, DamagedFile, damaged, read_params
 from asyncsim._registry import PluginRegistry
 from asyncsim.config import Scenario, changed_keys, flatten, to_dict
 from asyncsim.drivers import online
@@ -132,16 +132,7 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
                             "run.eval_every, run.eval_samples); to change timing, rerun: "
                             f"asyncsim run {run_dir / 'scenario.toml'} {sets}",
                             file="asyncsim replay")
-    # The folder's scenario must be the one that recorded its trace (an edited scenario.toml
-    # would otherwise be replayed, and copied into the replay, as if it were).
-    trace = Trace.load(run_dir, learners=recorded_scn.cluster.learners)
-    kind = trace.meta.get("protocol", recorded_scn.protocol.kind)
-    if kind != recorded_scn.protocol.kind:
-        raise runs.RunFolderError(f"{run_dir / runs.SCENARIO_TOML}: protocol.kind = "
-                                  f"{recorded_scn.protocol.kind!r}, but its trace was recorded "
-                                  f"under {kind!r} (trace_meta.json): the folder was edited; "
-                                  "redo the run")
-    trace = dataclasses.replace(trace, meta={**trace.meta, "source": str(run_dir)})
+    trace = _recorded_trace(run_dir, recorded_scn)
     out = out or run_dir / "replay"
     if path == "auto":
         path = choose_path(scn, trace)
@@ -157,8 +148,9 @@ def replay_folder(run_dir: str | Path, *, out: str | Path | None = None,
     # replay it bit for bit.
     source = read_summary(run_dir) if runs.is_complete(run_dir) else {}
     if source.get("param_hash") is not None:
-        # Read (and so checked) before anything is written: compared with at the end.
-        npz_member(run_dir / "params.npz", what="the source run's final parameters")
+        # Read, and checked against the recorded param_hash, before anything is written:
+        # compared with at the end.
+        read_params(run_dir)
     grouping = source.get("grouping", "auto")
     if grouping not in ("none", "version", "auto"):
         raise runs.RunFolderError(f"{run_dir / runs.SUMMARY}: grouping must be none, version "
@@ -223,11 +215,26 @@ def _environment_changes(run_dir: Path, source: Mapping[str, Any],
     return fact_changes(runs.bit_facts(prov, source), runs.bit_facts_here(prov, summary))
 
 
+def _recorded_trace(run_dir: Path, scn: Scenario) -> Trace:
+    """``run_dir``'s trace, marked as its (``meta["source"]``: a replay writes inside it,
+    never at or around it), once the folder's scenario ``scn`` is known to be the one that
+    recorded it: an edited scenario.toml would otherwise be replayed, and copied into the
+    replay, as if it were."""
+    trace = Trace.load(run_dir, learners=scn.cluster.learners)
+    kind = trace.meta.get("protocol", scn.protocol.kind)
+    if kind != scn.protocol.kind:  # in the words of Trace.load's learners check
+        raise damaged(run_dir / TRACE_META, f"protocol = {kind!r}, but the run's scenario "
+                      f"has protocol.kind = {scn.protocol.kind!r}")
+    return dataclasses.replace(trace, meta={**trace.meta, "source": str(run_dir)})
+
+
 def _max_abs_diff(run_dir: Path, params) -> float | None:
     """The largest |difference| between ``params`` and the run folder's ``params.npz``; None
     when the folder's parameters do not have the same structure."""
     try:
         src = load_params(run_dir, params)
+    except DamagedFile:
+        raise  # not the run's parameters (read_params): never compared as if they were
     except (OSError, KeyError, ValueError, TypeError):
         return None
     if [np.shape(x) for x in jax.tree_util.tree_leaves(src)] != [

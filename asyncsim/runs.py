@@ -288,9 +288,7 @@ def prepare_sweep(folder: str | os.PathLike, name: str, *, force: bool = False) 
     folder = Path(folder)
     nested = _nesting_refusal(folder)
     if nested is not None:
-        if folder.is_dir() and all(p.name == LOCK for p in folder.iterdir()):
-            discard_unstarted(folder)  # made for this sweep: nothing is left behind
-        raise RunFolderError(f"{folder}: {nested}")
+        raise _refused(folder, nested)
     entries = ([p for p in folder.iterdir() if p.name != LOCK and not p.name.endswith(".tmp")]
                if folder.is_dir() else [])
     if not entries:
@@ -374,9 +372,7 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
     folder = Path(folder)
     nested = _nesting_refusal(folder, source)
     if nested is not None:
-        if folder.is_dir() and all(p.name == LOCK for p in folder.iterdir()):
-            discard_unstarted(folder)  # made for this run: nothing is left behind
-        raise RunFolderError(f"{folder}: {nested}")
+        raise _refused(folder, nested)
     if folder.is_dir():
         if is_sweep_folder(folder):
             raise RunFolderError(f"{folder}: a sweep folder; a run writes a folder of its "
@@ -384,9 +380,7 @@ def prepare(folder: str | os.PathLike, *, resume: bool = False, force: bool = Fa
         # Where the folder is, links followed: a link to a sweep's point is that point.
         refused = _sweep_refusal(folder.resolve(), resume=resume)
         if refused is not None:
-            if all(p.name == LOCK for p in folder.iterdir()):
-                discard_unstarted(folder)  # made for this run: nothing is left behind
-            raise RunFolderError(f"{folder}: {refused}")
+            raise _refused(folder, refused)
         if not is_run_folder(folder):
             others = sorted(p.name for p in folder.iterdir()
                             if p.name not in START_FILES and not p.name.endswith(".tmp"))
@@ -439,6 +433,14 @@ def sweep_job(sweep: str | os.PathLike) -> Iterator[None]:
                 del _SWEEP_JOBS[key]
 
 
+def _refused(folder: Path, why: str) -> RunFolderError:
+    """The one-line refusal of ``folder`` for ``why``; the folder is discarded first if it
+    holds nothing but the lock (made for this run or sweep: nothing is left behind)."""
+    if folder.is_dir() and all(p.name == LOCK for p in folder.iterdir()):
+        discard_unstarted(folder)
+    return RunFolderError(f"{folder}: {why}")
+
+
 def _nesting_refusal(folder: Path, source: str | os.PathLike | None = None) -> str | None:
     """Why a run may not write ``folder`` for where it lies, or None: inside another run's
     folder (whose ``--force`` would remove it, and whose files only its run writes), but
@@ -451,7 +453,9 @@ def _nesting_refusal(folder: Path, source: str | os.PathLike | None = None) -> s
             return (f"holds the run being replayed ({source}), which --force would remove: "
                     "choose another --out")
     for d in real.parents:
-        if any((d / m).exists() for m in _MARKS if m != SWEEP_INDEX):
+        # What every run writes first: a folder of a project that merely holds a file
+        # called summary.json is not taken for a run's.
+        if (d / PROVENANCE).is_file() and (d / SCENARIO_TOML).is_file():
             if source is not None and d == Path(source).resolve():
                 return None
             return (f"inside the run folder {d}, whose files only its run writes: choose "
@@ -463,8 +467,9 @@ def _sweep_refusal(real: Path, *, resume: bool = False) -> str | None:
     """Why a run may not write the folder ``real`` (links followed) of the sweep folder it
     lies in, or None: a folder there other than a point or shared trace, or a point or
     shared trace, unless this process runs that sweep (holds its lock, or runs a job of it:
-    :func:`sweep_job`) or ``resume``-s the point while no other process runs the sweep --
-    the sweep's to write: a run aimed at it (``--out SWEEP/p003
+    :func:`sweep_job`) or ``resume``-s the point while no other process runs the sweep, or
+    the folder has no index (runs named like points, not a sweep's yet) -- the sweep's to
+    write: a run aimed at it (``--out SWEEP/p003
     --force``) would stand in the index under the point's keys, replace a point the sweep
     has listed, or be overwritten by the sweep when it gets there."""
     sweep = real.parent

@@ -51,5 +51,5 @@ def message_bytes(scn: Scenario, *, always: bool = False) -> int | None:
                for link, shared in ((net.pull, net.ps_egress), (net.push, net.ps_ingress))):
         return None
     # A ScenarioError under `model` for an option it refuses.
-    model = build_model(scn.model, source=scn.source)
+    model = build_model(scn.model, source=scn.source, base_dir=scn.base_dir)
     return 4 * num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0)))

@@ -69,7 +69,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     m = trace.num_updates
     check_learners(scn, trace)
     run_chunk, xs_all, init_buf, fields = scan_setup(num, trace, c, store, max_memory)
-    with runs.opened(out, force=force) as folder:
+    with runs.opened(out, force=force, source=trace.meta.get("source")) as folder:
         start_folder(folder, scn, replay_of=trace.meta.get("source"), path="scan")
         t0 = time.perf_counter()
         driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), checkpoints=False,

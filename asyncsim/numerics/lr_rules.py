@@ -142,18 +142,23 @@ def _traced_once(rule: LrRule, key: str, name: str) -> None:
     what it refuses is refused before a run, as every plug-in kind's refusals are: a
     ``ValueError("<parameter>: ...")`` raised for a parameter's value is a one-line
     ScenarioError under ``key.<parameter>`` (:func:`asyncsim._registry.call_checked`), any
-    other error of the rule's under ``key``; and rates of another shape than one per
-    gradient (or a scalar) are refused under ``key``."""
+    other error of the rule's under ``key``; and rates that do not broadcast to one per
+    gradient are refused under ``key``."""
     params = dict(getattr(rule, "keywords", {}))
     fn = getattr(rule, "func", rule)
     out = call_checked(lambda **kw: jax.eval_shape(functools.partial(fn, **kw), *_PROBE),
                        params, key=key, what=_lr_rules.what, name=name,
                        failure="{whose} cannot be traced (a rule is a JAX function of "
                                "traced arrays)")
-    if getattr(out, "shape", None) not in ((), (4,)):
+    shape = getattr(out, "shape", None)
+    try:
+        fits = shape is not None and np.broadcast_shapes(shape, (4,)) == (4,)
+    except ValueError:
+        fits = False
+    if not fits:
         raise ScenarioError(key, f"learning-rate rule {name!r} returned "
-                            f"{getattr(out, 'shape', out)!r} for the rates of 4 gradients; "
-                            "a rule returns one rate per gradient, or one for all")
+                            f"{shape if shape is not None else out!r} for the rates of 4 "
+                            "gradients; a rule returns one rate per gradient, or one for all")
 
 
 # Built-in parameters that must be >= 0 (a negative hinge slope divides by zero at some tau,

@@ -46,7 +46,14 @@ from asyncsim.numerics.data import (
     check_batch_size,
     dataset_factory,
 )
-from asyncsim.numerics.models import Model, expand_parts, grad_fn, grad_parts, tree_bytes
+from asyncsim.numerics.models import (
+    Model,
+    expand_parts,
+    grad_fn,
+    grad_parts,
+    model_factory,
+    tree_bytes,
+)
 from asyncsim.numerics.parts import build_dataset, build_model
 
 INIT_TAG = 0x5EED  # model init key = fold_in(PRNGKey(seed), INIT_TAG): distinct from batches
@@ -243,13 +250,15 @@ _UPDATES_MAX = 64  # update cores' programs kept per Programs
 def _shared(model: ModelConfig, data: DataConfig, *, seed: int, base_dir: Path | None,
             source: str | None) -> Programs:
     # With a relative file option, the scenario's folder too: it names another file there.
-    files = path_options(dataset_factory(data.name), data.options)
-    where = str(base_dir) if any(not Path(data.options[k]).expanduser().is_absolute()
-                                 for k in files) else None
+    files = [data.options[k] for k in path_options(dataset_factory(data.name), data.options)]
+    files += [model.options[k] for k in path_options(model_factory(model.name), model.options)]
+    where = (str(base_dir) if any(not Path(f).expanduser().is_absolute() for f in files)
+             else None)
     key = (model.name, repr(sorted(model.options.items())), data.name,
            repr(sorted(data.options.items())), seed, data.batch_size, where)
+
     def make():
-        m = build_model(model, source=source)
+        m = build_model(model, source=source, base_dir=base_dir)
         d = build_dataset(data, base_dir, seed=seed, source=source)
         check_fits(m, d)
         return Programs(m, d, seed=seed, batch_size=data.batch_size)

@@ -5,6 +5,7 @@ machine's memory is too small for them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,15 @@ __all__ = ["PARAM_BYTES", "build_dataset", "build_model"]
 PARAM_BYTES = 3 * 4
 
 
-def build_model(model: ModelConfig, *, source: str | None = None) -> Model:
-    """The model of a scenario's ``[model]`` part; a refused option is a ScenarioError under
-    ``model.*`` (naming the scenario file ``source``), and so is a model too big for this
-    machine's memory (counted from its shapes, before any parameter exists:
-    ``model.hidden = [10**11]`` would abort XLA)."""
+def build_model(model: ModelConfig, *, source: str | None = None,
+                base_dir: str | os.PathLike | None = None) -> Model:
+    """The model of a scenario's ``[model]`` part (its relative file options resolved against
+    ``base_dir``); a refused option is a ScenarioError under ``model.*`` (naming the
+    scenario file ``source``), and so is a model too big for this machine's memory (counted
+    from its shapes, before any parameter exists: ``model.hidden = [10**11]`` would abort
+    XLA)."""
     try:
-        built = get_model(model.name, **model.options)
+        built = get_model(model.name, base_dir=base_dir, **model.options)
         _check_model_fits(built, model.options)
     except ScenarioError as e:
         raise e.with_file(source) from None

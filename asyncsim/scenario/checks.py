@@ -15,7 +15,6 @@ from asyncsim.config import (
     FLOAT32_MAX,
     NOMINAL_NEEDS,
     SWEEP_PATHS,
-    ModelConfig,
     Scenario,
     check_float32,
     check_momentum_kind,
@@ -53,7 +52,7 @@ def check(scn: Scenario, *, base_dir: Path | None = None) -> None:
     check_cluster(scn.cluster, scn.protocol, base_dir)
     make_protocol(scn.protocol, scn.cluster.learners)  # its options, checked as it is built
     _check_optimizer(scn)
-    _check_factory("model", scn.model.name, scn.model.options)
+    _check_factory("model", scn.model.name, scn.model.options, base_dir)
     _check_factory("data", scn.data.name, scn.data.options)
     _checks.integer("data.batch_size", scn.data.batch_size)
     n_train = declared_train_size(scn.data.name, scn.data.options)
@@ -149,22 +148,22 @@ def _check_measure(scn: Scenario) -> None:
                             "with one eigenvalue (model.eigenvalues = [1.0])")
 
 
-def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
+def _check_factory(section: str, name: str, options: Mapping[str, Any],
+                   base_dir: Path | None = None) -> None:
     """Model/data names against their registries; options against the factory signature
-    (the one option checker, :func:`asyncsim._registry.check_options`). A model is also
-    built, its parameters' shapes counted against the machine's memory (once per [model]
-    table: a factory makes functions, the count traces its init, 10-110 ms for the
-    built-ins), so the values it refuses are refused here, for every point of a sweep
-    before any runs, and by ``asyncsim trace``, which never uses it; a data set is not
-    (its factory makes the data)."""
+    (the one option checker, :func:`asyncsim._registry.check_options`). A model's factory
+    is also called (once per [model] table and folder; it makes functions, in well under a
+    millisecond for the built-ins), so the values it refuses are refused here, for every
+    point of a sweep before any runs, and by ``asyncsim trace``, which never uses the
+    model; what the model needs of this machine (its memory) is checked where a run builds
+    it. A data set's factory is not called here: it makes the data."""
     from asyncsim.numerics.data import dataset_factory  # see check
-    from asyncsim.numerics.models import model_factory
-    from asyncsim.numerics.parts import build_model
+    from asyncsim.numerics.models import get_model, model_factory
 
     if section == "model":
-        key = (model_factory(name), repr(sorted(options.items())))
+        key = (model_factory(name), repr(sorted(options.items())), str(base_dir))
         if key not in _BUILT_MODELS:
-            build_model(ModelConfig(name, dict(options)))  # its memory checked too
+            get_model(name, base_dir=base_dir, **options)
             _BUILT_MODELS.add(key)
         return
     # a data set's factory gets the scenario's seed from asyncsim
@@ -173,7 +172,7 @@ def _check_factory(section: str, name: str, options: Mapping[str, Any]) -> None:
 
 
 # The [model] tables built by _check_factory (a sweep's points share theirs).
-_BUILT_MODELS: set[tuple[Any, str]] = set()
+_BUILT_MODELS: set[tuple[Any, str, str]] = set()
 
 
 

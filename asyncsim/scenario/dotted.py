@@ -18,8 +18,8 @@ _KEY = re.compile(rf'{_DOTTED}|sweep\."{_DOTTED}"')
 def parse_override(item: str) -> tuple[str, Any]:
     """``"protocol.n=4"`` -> ``("protocol.n", 4)``; the value is read as a TOML value, else
     text (an array may span lines). One key and one value: anything else is a one-line
-    ScenarioError naming ``--set`` (what follows a value on another line, a table of its
-    own, was silently dropped)."""
+    ScenarioError naming ``--set`` (what follows a value on another line would be a table
+    of its own, which no key reads)."""
     key, eq, raw = item.partition("=")
     key, raw = key.strip(), raw.strip()
     if not eq or not key:

@@ -224,9 +224,11 @@ def load_scenario(
     except ScenarioError as e:
         if seed is not None and e.key == "seed":
             e = e.with_file(f"--seed {seed}")  # the seed given applies after every --set
-        if profile not in (None, "default"):
-            e = _set_by_profile(e, profile, pristine) or e
-        raise attributed(e, file, overrides) from None
+        named = attributed(e, file, overrides)
+        if profile not in (None, "default") and not str(named.file).startswith("--set"):
+            # Not a --set's value: the selected profile's, where its table sets the key.
+            named = (_set_by_profile(e, profile, pristine) or named).with_file(file)
+        raise named from None
     for other in others:
         try:
             _resolved_scenario(resolve_raw(copy.deepcopy(pristine), profile=other), bdir, True)

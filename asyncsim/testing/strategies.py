@@ -124,7 +124,8 @@ def _derived(what: str, fn: Any, hook: str, *, skip: tuple[str, ...] = (),
     """Option tables derived from ``fn``'s signature (the parameter list asyncsim checks
     scenarios against): a ``float`` in ``floats``, an ``int`` in 0..10, a ``bool``; a
     parameter with a default is sometimes left out; one of another type keeps its default,
-    and a required one of another type needs the class's own ``hook``."""
+    and a required one of another type needs a strategy of its own (``hook``: how to give
+    one)."""
     sig, hints, _ = signature_options(fn)
     fields: dict[str, st.SearchStrategy[Any]] = {}
     optional: list[str] = []
@@ -142,7 +143,7 @@ def _derived(what: str, fn: Any, hook: str, *, skip: tuple[str, ...] = (),
             continue  # a type no strategy is derived for: keep its default
         else:
             raise InvalidArgument(f"{what}: no strategy for its required parameter "
-                                  f"{name!r}; give the class a classmethod {hook}")
+                                  f"{name!r}; {hook}")
         fields[name] = value
         if param.default is not param.empty:
             optional.append(name)
@@ -169,7 +170,8 @@ def plugin_specs(dist: str, max_mean: float = 10.0) -> st.SearchStrategy[dict[st
     cls = _registry("asyncsim.delays").get(dist, "dist")
     own = getattr(getattr(cls, "_wrapped", cls), "spec_strategy", None)
     params = (own(max_mean) if own is not None else
-              _derived(f"delay model {dist!r}", cls, "spec_strategy(max_mean)",
+              _derived(f"delay model {dist!r}", cls,
+                       "give the class a classmethod spec_strategy(max_mean)",
                        floats=(_MIN_MEAN, max_mean)))
 
     def usable(spec: dict[str, Any]) -> bool:
@@ -217,7 +219,9 @@ def lr_rule_specs(names: Sequence[str] | None = None, *, max_param: float = 10.0
         inputs = tuple(signature_options(fn)[0])[:len(RULE_INPUTS)]
         own = getattr(fn, "params_strategy", None)
         params = (own() if own is not None else
-                  _derived(f"learning-rate rule {name!r}", fn, "params_strategy",
+                  _derived(f"learning-rate rule {name!r}", fn,
+                           "give the rule an attribute params_strategy, a function "
+                           "returning a strategy of parameter dicts",
                            skip=inputs, floats=(0.0, max_param)))
         tables = params.map(lambda p: {"name": name, **p})
         return st.one_of(st.just(name), tables) if _all_defaults(fn, inputs) else tables
@@ -371,7 +375,8 @@ def _options(kind: str, learners: int) -> st.SearchStrategy[dict[str, Any]] | No
     if not any(p.default is p.empty for n, p in params.items() if n != "learners") \
             and not usable({}):
         return None  # no required option, and its defaults refuse this many learners
-    return _derived(f"protocol {kind!r}", cls, "options_strategy(learners)",
+    return _derived(f"protocol {kind!r}", cls,
+                    "give the class a classmethod options_strategy(learners)",
                     skip=("learners",)).filter(usable)
 
 

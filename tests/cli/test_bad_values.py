@@ -246,8 +246,8 @@ def test_an_integer_beyond_float_range_for_a_number_is_one_line(tmp_path, capsys
 
 # ----------------------------------------------------------------------------- 8. files and sets
 def test_files_a_scenario_names_are_read_as_what_they_should_be(tmp_path, capsys):
-    """An empirical CSV with a field beyond csv's limit, or not UTF-8, was a traceback; a
-    CIFAR10 path at a FIFO hung, at /dev/zero spun forever: one line each."""
+    """An empirical CSV with a field beyond csv's limit or not UTF-8, a CIFAR10 path at a
+    FIFO (opening it blocks) or at /dev/zero (it never ends): one line each."""
     big = tmp_path / "big.csv"
     big.write_text("d\n" + "1" * 200_000 + "\n")
     latin = tmp_path / "latin.csv"
@@ -273,8 +273,8 @@ def test_files_a_scenario_names_are_read_as_what_they_should_be(tmp_path, capsys
     ('sweep."protocol.n=[1]', 'sweep."protocol.n: must be a dotted key'),
 ])
 def test_a_set_is_one_key_and_one_value(tmp_path, capsys, item, says):
-    """A --set whose value went on over lines set other tables, silently dropped; a key
-    with quotes or an empty part was blamed on the scenario file."""
+    """A --set whose value goes on over lines would set other tables, which no key reads;
+    a key with quotes or an empty part is named as the --set's, not the file's."""
     path = _scenario(tmp_path)
     assert main(["trace", str(path), "--out", str(tmp_path / "out"), "--set", item]) == 2
     assert f"asyncsim: error: --set: {says}" in _one_line(capsys)
@@ -302,11 +302,16 @@ def test_a_sweep_says_at_which_point_a_run_stopped(tmp_path, capsys):
 
 
 def test_errors_name_the_key_that_set_the_value(tmp_path, capsys):
-    """A bad key of the selected profile was named as the file's own (`run.updatez`), and
-    `stability --tau` beyond the workers --measure can simulate as `cluster.learners`."""
+    """A bad key of the selected profile is named under the profile (not as the file's own
+    `run.updatez`), a value a --set gives under the --set, and `stability --tau` beyond the
+    workers --measure can simulate as `--tau` (not `cluster.learners`)."""
     path = _scenario(tmp_path, profiles={"smoke": {"run": {"updatez": 3}}})
     assert main(["trace", str(path), "--profile", "smoke", "--out", str(tmp_path / "o")]) == 2
     assert f"{path}: profiles.smoke.run.updatez: unknown key" in _one_line(capsys)
+    path = _scenario(tmp_path, profiles={"smoke": {"run": {"updates": 3}}})
+    assert main(["trace", str(path), "--profile", "smoke", "--out", str(tmp_path / "o"),
+                 "--set", "run.updates=-1"]) == 2
+    assert "--set run.updates=-1: run.updates: must be a positive" in _one_line(capsys)
     assert main(["stability", "--tau", "100000", "--measure"]) == 2
     assert ("asyncsim stability: --tau: --measure simulates tau + 1 workers: at most 99999, "
             "got 100000") in _one_line(capsys)

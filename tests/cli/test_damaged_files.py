@@ -171,11 +171,14 @@ def _untraced_learner(folder: Path):
 
 
 # Well-formed files whose contents were edited: (folder, the edit, the command, what the
-# one line names). Each was accepted, or a traceback, until the reader checked it.
+# one line names; None: read and reported, no traceback).
 EDITED = {
     "params with NaN weights": ("complete", lambda f: _npz_edit(
         f / "params.npz", lambda a: [a.__setitem__(k, a[k] * float("nan")) for k in a]),
         "open_run", "params.npz: does not match the param_hash"),
+    "params edited, replayed": ("complete", lambda f: _npz_edit(
+        f / "params.npz", lambda a: [a.__setitem__(k, a[k] + 1.0) for k in a]),
+        "replay", "params.npz: does not match the param_hash"),
     "trace edited, its hashes deleted": ("complete", _untraced_learner, "replay",
                                          "trace_meta.json: damaged (no trace_hash"),
     "summary param_hash a number": ("complete", _json_edit("summary.json", param_hash=5),

@@ -319,6 +319,8 @@ def test_a_run_folder_never_lies_inside_another_run_or_around_what_it_replays(tm
     run = tmp_path / "run"
     assert main(["run", str(scn), "--out", str(run), "--quiet", "--no-figure"]) == 0
     assert main(["replay", str(run), "--quiet"]) == 0  # RUN/replay: the replay's own place
+    assert main(["replay", str(run), "--path", "scan", "--out", str(run / "scan"),
+                 "--quiet"]) == 0  # on every path
     before = _digest(run)
     for verb, what, out in (("run", scn, run / "sub"), ("trace", scn, run / "replay" / "x"),
                             ("trace", sweep, run / "sweep")):
@@ -328,9 +330,11 @@ def test_a_run_folder_never_lies_inside_another_run_or_around_what_it_replays(tm
                 "choose another --out") in _one_line(capsys)
         assert not out.exists()
     for out in (run, tmp_path):
-        assert main(["replay", str(run), "--out", str(out), "--force", "--quiet"]) == 2
-        assert (f"{out}: holds the run being replayed ({run}), which --force would remove"
-                in _one_line(capsys))
+        for path in ("loop", "scan"):
+            assert main(["replay", str(run), "--out", str(out), "--force", "--quiet",
+                         "--path", path]) == 2
+            assert (f"{out}: holds the run being replayed ({run}), which --force would "
+                    "remove") in _one_line(capsys)
     assert _digest(run) == before
     # `..` as written: RUN/replay/.. is RUN, redone whole by --force (its replay with it).
     dotted = run / "replay" / ".."

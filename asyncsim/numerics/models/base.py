@@ -42,6 +42,7 @@ as the identity and the network trains stably without normalisation.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,15 +146,17 @@ def model_factory(name: str) -> Callable[..., Model]:
     return _registry.get(name)
 
 
-def get_model(name: str, **options: Any) -> Model:
-    """Build model ``name`` with ``options``.
+def get_model(name: str, *, base_dir: str | os.PathLike | None = None,
+              **options: Any) -> Model:
+    """Build model ``name`` with ``options``; a relative ``Path`` option resolves against
+    ``base_dir`` (a scenario's: its file's folder), as a data set's and a delay model's do.
 
     Raises ValueError for an unknown name (a :class:`~asyncsim.errors.ScenarioError` under
     ``model.name`` listing the allowed names) or for an option the factory does not accept
     or rejects (listing the factory's parameters).
     """
     return build(model_factory(name), options, key="model", what=_registry.what, name=name,
-                 also=("name",))
+                 also=("name",), base_dir=base_dir)
 
 
 def num_params(params: PyTree) -> int:

@@ -324,7 +324,7 @@ class Empirical(DelayModel):
         path = Path(path)
         try:
             regular_file(path, "csv")  # not a FIFO (opening it blocks), not /dev/zero
-            with path.open(newline="") as f:
+            with path.open(newline="", encoding="utf-8") as f:
                 reader = csv.DictReader(f)
                 columns = list(reader.fieldnames or [])
                 rows = list(reader)
