@@ -279,7 +279,7 @@ def check_fits(model: Model, data: Dataset) -> None:
     y = jax.ShapeDtypeStruct((2, *data.y_train.shape[1:]), data.y_train.dtype)
     whose = f"model {model.name!r} cannot take data set {data.name!r}"
     try:
-        params = jax.eval_shape(model.init, init_key(0))
+        params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0)))  # all traced
         jax.eval_shape(model.loss, params, x, y)
     except (TypeError, ValueError) as e:
         raise ScenarioError("model", f"{whose}: its examples have shape "
