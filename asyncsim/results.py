@@ -42,8 +42,9 @@ from asyncsim._io import (
     read_json,
     read_params,
     read_parquet,
+    read_toml,
 )
-from asyncsim.config import MOMENTUM_KINDS, Scenario
+from asyncsim.config import MOMENTUM_KINDS, Scenario, flatten
 from asyncsim.errors import ScenarioError
 from asyncsim.runs import (
     EDGES_CSV,
@@ -253,6 +254,18 @@ def checked_fields(record: Mapping[str, Any], fields: Mapping[str, Check],
                 why = e.message if isinstance(e, ScenarioError) else str(e)
                 raise damaged(path, f"{name}: {why}") from None
     return out
+
+
+def _same_value(listed: Any, own: Any) -> bool:
+    """Whether an index cell (as pandas read it) is a scenario's plain value ``own``."""
+    if isinstance(own, bool) or isinstance(listed, bool):
+        return listed is own or str(listed).lower() == str(own).lower()
+    if isinstance(own, int | float):
+        try:  # a column holding one text cell is read as text throughout
+            return float(listed) == float(own)
+        except (TypeError, ValueError):
+            return False
+    return str(listed) == own
 
 
 def read_summary(folder: str | os.PathLike) -> dict[str, Any]:
@@ -486,9 +499,20 @@ class SweepFolder:
         return df[["point", *self.keys, *EVAL_COLUMNS]]
 
     def _key_values(self, run: RunFolder) -> dict[str, Any]:
-        """A point's swept values, as its row of the index holds them."""
+        """A point's swept values, as its row of the index holds them, each that names a
+        plain value of the point's scenario checked against it: an index edited (or a point
+        replaced) never lends a point other keys."""
         row = self.index[self.index["point"] == run.path.name].iloc[0]
-        return {k: row[k].item() if hasattr(row[k], "item") else row[k] for k in self.keys}
+        values = {k: row[k].item() if hasattr(row[k], "item") else row[k] for k in self.keys}
+        own = flatten(read_toml(run.file(SCENARIO_TOML)))  # as written: only compared
+        for k, v in values.items():
+            have = own.get(k)
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                continue  # a zipped sweep entry that leaves the key out
+            if isinstance(have, bool | int | float | str) and not _same_value(v, have):
+                raise damaged(self.path / SWEEP_INDEX, f"point {run.path.name}: {k} = {v!r}, "
+                              f"but its scenario.toml has {have!r}")
+        return values
 
     def points(self, *, complete: bool = True) -> Iterator[RunFolder]:
         """Each point's run folder, in index order (``complete``: only those that finished:

@@ -183,17 +183,13 @@ def _run_sweep(scn, out, force, progress, executor, share_traces, trace_only,
             # Locally, refresh the index now and then so figures can be drawn mid-sweep.
             written = time.monotonic()
             for it, job in jobs:
-                try:
-                    job()
-                except ScenarioError as e:  # found while running: say at which point
-                    raise ScenarioError(e.key, f"{e.message} (at point {it['point']}, "
-                                        f"{out / it['point']})", file=e.file) from None
+                _at_point(out, it, job)()
                 if time.monotonic() - written >= INDEX_REFRESH_SECONDS:
                     write_index()
                     written = time.monotonic()
         elif jobs:
             # Summaries are read back from the folders.
-            executor([_sweep_job(out, j) for _, j in jobs])
+            executor([_sweep_job(out, _at_point(out, it, j)) for it, j in jobs])
     finally:
         index = write_index()  # what finished, also when a point failed or was interrupted
     complete = all(runs.is_complete(out / it["point"]) for it in items)
@@ -346,6 +342,23 @@ def _sweep_job(out: Path, job):
             return job()
     sweep_job.scenarios = job.scenarios
     return sweep_job
+
+
+def _at_point(out: Path, it: dict[str, Any], job):
+    """``job``, its ScenarioError (a value only a run finds wrong: times that overflow)
+    saying at which point of the sweep in ``out`` it stopped."""
+    point = it["point"]
+    if point == "vmapped":
+        return job  # one program for many points
+
+    def at_point():
+        try:
+            return job()
+        except ScenarioError as e:
+            raise ScenarioError(e.key, f"{e.message} (at point {point}, {out / point})",
+                                file=e.file) from None
+    at_point.scenarios = job.scenarios
+    return at_point
 
 
 def _trace_job(it, folder):

@@ -315,3 +315,24 @@ def test_errors_name_the_key_that_set_the_value(tmp_path, capsys):
     assert main(["stability", "--tau", "100000", "--measure"]) == 2
     assert ("asyncsim stability: --tau: --measure simulates tau + 1 workers: at most 99999, "
             "got 100000") in _one_line(capsys)
+
+
+def test_an_index_never_lends_a_point_other_keys(tmp_path):
+    """index.csv names each point's keys; a cell edited (or a point replaced by hand) that
+    contradicts the point's own scenario.toml is refused, naming the point and the key."""
+    import pandas as pd
+
+    from asyncsim import open_sweep
+
+    path = _scenario(tmp_path, run={"updates": 10}, sweep={"optimizer.lr": [0.01, 0.02]})
+    out = tmp_path / "sw"
+    assert main(["trace", str(path), "--out", str(out), "--quiet"]) == 0
+    assert list(open_sweep(out).table["optimizer.lr"]) == [0.01, 0.02]
+    index = pd.read_csv(out / "index.csv")
+    for cell in ("abc", 0.5):
+        index["optimizer.lr"] = index["optimizer.lr"].astype(object)
+        index.loc[1, "optimizer.lr"] = cell
+        index.to_csv(out / "index.csv", index=False)
+        with pytest.raises(ValueError, match=f"index.csv: damaged \\(point p001: optimizer.lr "
+                                             f"= {cell!r}, but its scenario.toml has 0.02"):
+            _ = open_sweep(out).table
