@@ -469,9 +469,9 @@ def _sweep_refusal(real: Path, *, resume: bool = False) -> str | None:
     shared trace, unless this process runs that sweep (holds its lock, or runs a job of it:
     :func:`sweep_job`) or ``resume``-s the point while no other process runs the sweep, or
     the folder has no index (runs named like points, not a sweep's yet) -- the sweep's to
-    write: a run aimed at it (``--out SWEEP/p003
-    --force``) would stand in the index under the point's keys, replace a point the sweep
-    has listed, or be overwritten by the sweep when it gets there."""
+    write: a run aimed at it (``--out SWEEP/p003 --force``) would stand in the index under
+    the point's keys, replace a point the sweep has listed, or be overwritten by the sweep
+    when it gets there."""
     sweep = real.parent
     if not _SWEEP_RUNS.fullmatch(real.name):
         if is_sweep_folder(sweep, besides=real.name):

@@ -337,8 +337,8 @@ class Trace:
         recorded = _recorded_hashes(folder, meta)
         if not recorded:
             # Trace.save records it beside every trace, and a complete run's summary does
-            # too (the one record in older folders): without either,
-            # nothing says the tables are the run's.
+            # too (the one record in older folders): without either, nothing says the
+            # tables are the run's.
             raise damaged(meta_path, "no trace_hash here or in summary.json, the record the "
                           "trace's tables are checked against")
         for key, check in META_CHECKS.items():
