@@ -572,6 +572,11 @@ def _not_a_run(path: Path) -> str:
         return f"{path}: no such folder"
     if (path / SWEEP_INDEX).exists():
         return f"{path}: a sweep folder; use asyncsim.open_sweep (or one of its points)"
+    held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if held and all(n == ".lock" or n.endswith(".tmp") for n in held):
+        # What a run killed as it started leaves: its lock, maybe a file cut short.
+        return (f"{path}: a run stopped before it wrote its scenario (it holds only "
+                f"{', '.join(held)}): run its command again with --force")
     return f"{path}: not a run folder (none of {', '.join(_RUN_FILES)})"
 
 

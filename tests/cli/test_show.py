@@ -112,8 +112,13 @@ def test_anything_else_or_a_damaged_folder_is_one_line(made, tmp_path, capsys):
     prov = json.loads((tmp_path / "stranger" / "provenance.json").read_text())
     (tmp_path / "stranger" / "provenance.json").write_text(json.dumps({**prov,
                                                                        "driver": "quantum"}))
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed" / ".lock").touch()  # a run killed as it started
     for path, fragment in ((tmp_path / "nothing", "no such folder"),
                            (tmp_path, "not a run folder"),
+                           (tmp_path / "killed", "a run stopped before it wrote its scenario "
+                                                 "(it holds only .lock): run its command "
+                                                 "again with --force"),
                            (tmp_path / "damaged", "summary.json: damaged (updates: must be"),
                            (tmp_path / "stranger", "provenance.json: damaged (driver: unknown "
                                                    "driver 'quantum'; allowed: online,")):
