@@ -20,6 +20,7 @@ timestamp j the learner read at *pull* time).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -130,12 +131,15 @@ def _no_down() -> dict[str, np.ndarray]:
 @dataclass(frozen=True)
 class Trace:
     """Columnar timing record. ``grads``, ``updates`` and ``down`` map column names to 1-D
-    arrays (``down`` is empty unless learners went down: :data:`DOWN_COLUMNS`)."""
+    arrays (``down`` is empty unless learners went down: :data:`DOWN_COLUMNS`); ``folder``
+    is the run folder :meth:`load` read it from (None for a trace made in memory), where a
+    replay of it may write (``RUN/replay``) and which it never replaces."""
 
     grads: Mapping[str, np.ndarray]
     updates: Mapping[str, np.ndarray]
     meta: Mapping[str, Any] = field(default_factory=dict)
     down: Mapping[str, np.ndarray] = field(default_factory=_no_down)
+    folder: Path | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -374,7 +378,7 @@ class Trace:
                           f"{trace.num_updates} updates of trace_updates.parquet")
         if recorded:
             check_hash(trace, recorded, folder / FILES[0])
-        return trace
+        return dataclasses.replace(trace, folder=folder)
 
 
 def _recorded_hashes(folder: Path, meta: Mapping[str, Any]) -> dict[str, str]:

@@ -15,6 +15,7 @@ refuse, before allocating anything, a trace that would need more than ``max_memo
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -88,6 +89,13 @@ def replay_memory(trace: Trace, n_params: int, *, bytes_per_param: int = 4) -> d
             "bound_bytes": (trace.max_staleness + 1) * n_params * bytes_per_param}
 
 
+def source_of(trace: Trace) -> str | os.PathLike | None:
+    """The run folder ``trace`` is replayed from (``meta["source"]``, which
+    :func:`asyncsim.api.replay_folder` sets, else where :meth:`Trace.load` read it): the
+    replay may write inside it, never at or around it (:func:`asyncsim.runs.prepare`)."""
+    return trace.meta.get("source") or trace.folder
+
+
 def check_learners(scn: Scenario, trace: Trace) -> None:
     """Refuse a trace with more learners than ``scn`` has: per-learner state (P2's shifted
     momentum keeps one buffer per learner) is indexed by learner id inside jit, where an
@@ -143,7 +151,7 @@ def replay(scn: Scenario, trace: Trace, *, out: str | Path | None = None, force:
     check_learners(scn, trace)
     check_memory(need["versions"], trace, need["bytes"] + (batched.bytes if batched else 0),
                  max_memory)
-    with runs.opened(out, force=force, source=trace.meta.get("source")) as folder:
+    with runs.opened(out, force=force, source=source_of(trace)) as folder:
         start_folder(folder, scn, replay_of=trace.meta.get("source"))
         t0 = time.perf_counter()
         driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), monitor=monitor,

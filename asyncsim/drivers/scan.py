@@ -29,7 +29,12 @@ from asyncsim.config import Scenario
 from asyncsim.drivers.build import numerics_for
 from asyncsim.drivers.driver import Driver, Monitor, RunResult
 from asyncsim.drivers.folder_scenario import start_folder
-from asyncsim.drivers.replay import DEFAULT_MAX_MEMORY, check_learners, check_memory
+from asyncsim.drivers.replay import (
+    DEFAULT_MAX_MEMORY,
+    check_learners,
+    check_memory,
+    source_of,
+)
 from asyncsim.drivers.slots import pending_inputs, pending_plan, slot_plan, versions_inputs
 from asyncsim.numerics.models import num_params, tree_bytes
 from asyncsim.numerics.numerics import Numerics
@@ -69,7 +74,7 @@ def replay_scan(scn: Scenario, trace: Trace, *, numerics: Numerics | None = None
     m = trace.num_updates
     check_learners(scn, trace)
     run_chunk, xs_all, init_buf, fields = scan_setup(num, trace, c, store, max_memory)
-    with runs.opened(out, force=force, source=trace.meta.get("source")) as folder:
+    with runs.opened(out, force=force, source=source_of(trace)) as folder:
         start_folder(folder, scn, replay_of=trace.meta.get("source"), path="scan")
         t0 = time.perf_counter()
         driver = Driver(scn, num, folder=folder, hyper=dict(hyper or {}), checkpoints=False,

@@ -321,6 +321,12 @@ def test_a_run_folder_never_lies_inside_another_run_or_around_what_it_replays(tm
     assert main(["replay", str(run), "--quiet"]) == 0  # RUN/replay: the replay's own place
     assert main(["replay", str(run), "--path", "scan", "--out", str(run / "scan"),
                  "--quiet"]) == 0  # on every path
+    # From Python too: a trace loaded from the run knows its folder.
+    from asyncsim import replay
+    from asyncsim.scenario import load_run_scenario
+    from asyncsim.trace import Trace
+
+    replay(load_run_scenario(run), Trace.load(run), out=run / "py")
     before = _digest(run)
     for verb, what, out in (("run", scn, run / "sub"), ("trace", scn, run / "replay" / "x"),
                             ("trace", sweep, run / "sweep")):
