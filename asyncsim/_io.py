@@ -55,6 +55,7 @@ _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
 # The names of a run folder's files (docs/run-folders.md) and of a sweep folder's index.
 PROVENANCE = "provenance.json"
 SCENARIO_TOML = "scenario.toml"  # the scenario the run ran, resolved
+PARAMS = "params.npz"  # the final parameters
 SUMMARY = "summary.json"
 TRACE_META = "trace_meta.json"
 SWEEP_INDEX = "index.csv"
@@ -476,7 +477,7 @@ def read_params(folder: str | os.PathLike) -> dict[str, np.ndarray]:
     """A run folder's ``params.npz`` (its leaves by pytree path, in tree order), checked
     against the ``param_hash`` its ``summary.json`` records where the run finished: weights
     edited after the run are a one-line DamagedFile, never read as the run's."""
-    path = Path(folder) / "params.npz"
+    path = Path(folder) / PARAMS
     z = read_npz(path, what="the final parameters")
     summary = Path(folder) / SUMMARY
     if not summary.exists():

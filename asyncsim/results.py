@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncsim import _checks
 from asyncsim._io import (
+    PARAMS,
     PROVENANCE,
     RUN_MARKS,
     SCENARIO_TOML,
@@ -49,6 +50,7 @@ from asyncsim.errors import ScenarioError
 from asyncsim.runs import (
     EDGES_CSV,
     KIND_LABELS,
+    LOCK,
     RunFolderError,
     driver_from,
     scenario_toml,
@@ -421,7 +423,7 @@ class RunFolder:
 
     def num_params(self) -> int | None:
         """How many parameters the model has (None: no params.npz, a trace-only run)."""
-        if not self.file("params.npz").exists():
+        if not self.file(PARAMS).exists():
             return None
         return int(sum(a.size for a in self.params.values()))
 
@@ -449,6 +451,7 @@ class SweepFolder:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._keys_of: dict[str, dict[str, Any]] = {}  # _key_values, once per point
 
     def __repr__(self) -> str:
         return f"SweepFolder({str(self.path)!r})"
@@ -501,7 +504,10 @@ class SweepFolder:
     def _key_values(self, run: RunFolder) -> dict[str, Any]:
         """A point's swept values, as its row of the index holds them, each that names a
         plain value of the point's scenario checked against it: an index edited (or a point
-        replaced) never lends a point other keys."""
+        replaced) never lends a point other keys (read and checked once per point: the
+        table and the evaluations both ask)."""
+        if run.path.name in self._keys_of:
+            return self._keys_of[run.path.name]
         row = self.index[self.index["point"] == run.path.name].iloc[0]
         values = {k: row[k].item() if hasattr(row[k], "item") else row[k] for k in self.keys}
         own = flatten(read_toml(run.file(SCENARIO_TOML)))  # as written: only compared
@@ -512,6 +518,7 @@ class SweepFolder:
             if isinstance(have, bool | int | float | str) and not _same_value(v, have):
                 raise damaged(self.path / SWEEP_INDEX, f"point {run.path.name}: {k} = {v!r}, "
                               f"but its scenario.toml has {have!r}")
+        self._keys_of[run.path.name] = values
         return values
 
     def points(self, *, complete: bool = True) -> Iterator[RunFolder]:
@@ -573,7 +580,7 @@ def _not_a_run(path: Path) -> str:
     if (path / SWEEP_INDEX).exists():
         return f"{path}: a sweep folder; use asyncsim.open_sweep (or one of its points)"
     held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
-    if held and all(n == ".lock" or n.endswith(".tmp") for n in held):
+    if held and all(n == LOCK or n.endswith(".tmp") for n in held):
         # What a run killed as it started leaves: its lock, maybe a file cut short.
         return (f"{path}: a run stopped before it wrote its scenario (it holds only "
                 f"{', '.join(held)}): run its command again with --force")

@@ -447,16 +447,15 @@ def _nesting_refusal(folder: Path, source: str | os.PathLike | None = None) -> s
     for a replay's folder inside its ``source``; or, for a replay, at or around its source
     (``--force`` would remove the run being replayed). Links are followed."""
     real = folder.resolve()
-    if source is not None:
-        src = Path(source).resolve()
-        if real == src or real in src.parents:
-            return (f"holds the run being replayed ({source}), which --force would remove: "
-                    "choose another --out")
+    src = Path(source).resolve() if source is not None else None
+    if src is not None and (real == src or real in src.parents):
+        return (f"holds the run being replayed ({source}), which --force would remove: "
+                "choose another --out")
     for d in real.parents:
         # What every run writes first: a folder of a project that merely holds a file
         # called summary.json is not taken for a run's.
         if (d / PROVENANCE).is_file() and (d / SCENARIO_TOML).is_file():
-            if source is not None and d == Path(source).resolve():
+            if d == src:
                 return None
             return (f"inside the run folder {d}, whose files only its run writes: choose "
                     "another --out")

@@ -18,7 +18,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from asyncsim._io import DamagedFile, atomic, damaged, npz_member, read_npz, read_params
+from asyncsim._io import (
+    PARAMS,
+    DamagedFile,
+    atomic,
+    damaged,
+    npz_member,
+    read_npz,
+    read_params,
+)
 from asyncsim.config import Scenario
 from asyncsim.drivers.folder_scenario import check_resume
 from asyncsim.drivers.metrics import Recorder
@@ -160,7 +168,7 @@ def save_params(folder: Path, params) -> None:
     """``params.npz``: the final parameters, leaves named by their pytree path."""
     flat, _ = jax.tree_util.tree_flatten_with_path(params)
     arrays = {jax.tree_util.keystr(p): np.asarray(x) for p, x in flat}
-    with atomic(folder / "params.npz") as tmp, open(tmp, "wb") as f:
+    with atomic(folder / PARAMS) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
 
 
